@@ -1,0 +1,72 @@
+"""The contract between the runtime (Spark glue) and keyed stateful operators.
+
+Per epoch and per stateful step, the runtime:
+  1. runs `operator.pre_aggregate(df)` in Spark (e.g. count/sum per key per window),
+  2. adds `__kg = pmod(xxhash64(key columns), max_parallelism)` and
+     `__subtask = __kg * parallelism // max_parallelism` (Flink's key-group ranges),
+     plus one marker row per subtask so every subtask runs every epoch,
+  3. `groupBy("__subtask").applyInArrow(...)`; inside the Python worker, for subtask i:
+       store = SubtaskStateStore.open(local_dir(op, i))
+       if store.epoch() == ctx.epoch:       # Spark retried or recomputed this task
+           return store.last_output()       # idempotent: same output, state untouched
+       if store.epoch() != ctx.epoch - 1:   # missing / stale local state
+           raise StaleStateError            # the driver restores from a checkpoint
+       out = operator.apply(store, rows_without_marker, ctx)
+       store.commit_epoch(ctx.epoch, out)   # ONE atomic write batch: state + marker + out
+       if ctx.checkpoint_id is not None:    # barrier at this epoch boundary: sync part
+           store.create_local_checkpoint(local_checkpoint_dir(op, i, ctx.checkpoint_id))
+       store.close()
+  4. the driver uploads each subtask's local checkpoint in the background (async part).
+
+Operators are shipped to Spark's Python workers with cloudpickle (that is Spark's
+own mechanism, code not data); they must hold no open resources between epochs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+SUBTASK_COL = "__subtask"
+KEY_GROUP_COL = "__kg"
+MARKER_COL = "__marker"  # True on the one synthetic row per subtask; dropped before apply
+
+
+@dataclass(frozen=True)
+class EpochContext:
+    epoch: int
+    subtask: int
+    parallelism: int
+    max_parallelism: int
+    # Event-time watermark in effect for this epoch (ms); None when no event time is used.
+    watermark_ms: int | None
+    processing_time_ms: int
+    # End of input: fire every pending window / timer.
+    final: bool = False
+    # Set when a checkpoint barrier sits at the end of this epoch.
+    checkpoint_id: int | None = None
+
+
+class StatefulOperator(ABC):
+    """A keyed stateful step."""
+
+    name: str
+    key_columns: list[str]
+
+    @property
+    @abstractmethod
+    def output_schema(self) -> pa.Schema:
+        """Schema of the rows `apply` returns (also the sink's input schema)."""
+
+    def pre_aggregate(self, df):  # pyspark DataFrame -> DataFrame
+        """Reduce the epoch's rows in Spark before they touch state. Must keep
+        `key_columns`. Default: no pre-aggregation."""
+        return df
+
+    @abstractmethod
+    def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
+        """Apply one subtask's (pre-aggregated) rows of one epoch to `store`, return output rows.
+        `store` is a `sparkpoint.state.store.SubtaskStateStore`. Reads see this epoch's own
+        writes; writes become durable only in `commit_epoch`, all at once."""

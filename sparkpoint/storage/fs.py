@@ -1,0 +1,127 @@
+"""Checkpoint storage over fsspec: the few operations checkpoints need, with the
+atomicity each one promises spelled out per filesystem kind.
+
+- `write_atomic`: readers see the old content or the new, never a torn file
+  (local: temp file + rename; object stores: a single PUT is already atomic).
+- `create_exclusive`: fails with `FileExistsError` if the path exists, atomically
+  (local/NFS: O_CREAT|O_EXCL on a temp + link; object stores: conditional PUT).
+
+Every I/O error surfaces as `StorageError` naming the path and the operation.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import fsspec
+
+from sparkpoint.errors import StorageError
+
+
+class StorageFS:
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str):
+        self.fs = fs
+        self.root = root.rstrip("/")
+
+    @classmethod
+    def from_url(cls, url: str, storage_options: dict[str, Any] | None = None) -> "StorageFS":
+        fs, _, paths = fsspec.get_fs_token_paths(url, storage_options=storage_options or {})
+        return cls(fs, paths[0])
+
+    @property
+    def is_local(self) -> bool:
+        return "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
+    # -- reads -------------------------------------------------------------------
+    def exists(self, path: str) -> bool:
+        return self._io("exists", path, lambda: self.fs.exists(path))
+
+    def read_bytes(self, path: str) -> bytes:
+        return self._io("read", path, lambda: self.fs.cat_file(path))
+
+    def ls(self, path: str) -> list[str]:
+        """Entry names (not full paths) directly under `path`; [] if it does not exist."""
+        def run() -> list[str]:
+            if not self.fs.exists(path):
+                return []
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, detail=False))
+        return self._io("list", path, run)
+
+    def size(self, path: str) -> int:
+        return self._io("stat", path, lambda: int(self.fs.size(path)))
+
+    def get_file(self, path: str, local_path: str) -> None:
+        self._io("download", path, lambda: self.fs.get_file(path, local_path))
+
+    # -- writes ------------------------------------------------------------------
+    def makedirs(self, path: str) -> None:
+        self._io("mkdir", path, lambda: self.fs.makedirs(path, exist_ok=True))
+
+    def put_file(self, local_path: str, path: str) -> None:
+        self._io("upload", path, lambda: self.fs.put_file(local_path, path))
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        def run() -> None:
+            if self.is_local:
+                parent = os.path.dirname(path)
+                os.makedirs(parent, exist_ok=True)
+                tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            else:
+                self.fs.pipe_file(path, data)
+        self._io("write", path, run)
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        """Raises FileExistsError (not StorageError) if `path` exists."""
+        if self.is_local:
+            parent = os.path.dirname(path)
+            try:
+                os.makedirs(parent, exist_ok=True)
+                # Write the content in full under a private name, then link(2) it into
+                # place: link fails atomically if the target exists (also on NFS), and a
+                # reader never sees a half-written file.
+                tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+                with open(tmp, "xb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                try:
+                    os.link(tmp, path)
+                finally:
+                    os.unlink(tmp)
+            except FileExistsError:
+                raise
+            except OSError as e:
+                raise StorageError(f"could not create {path}: {e}") from e
+            return
+        self._create_exclusive_remote(path, data)
+
+    def _create_exclusive_remote(self, path: str, data: bytes) -> None:
+        # Object stores: conditional write. Implemented per backend in storage/objectstore.py.
+        from sparkpoint.storage.objectstore import create_exclusive_object
+
+        create_exclusive_object(self.fs, path, data)
+
+    def rm(self, path: str, recursive: bool = False) -> None:
+        def run() -> None:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=recursive)
+        self._io("delete", path, run)
+
+    # -----------------------------------------------------------------------------
+    @staticmethod
+    def _io(op: str, path: str, fn):
+        try:
+            return fn()
+        except (FileExistsError, StorageError):
+            raise
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # fsspec backends raise many types; name the operation and path
+            raise StorageError(f"checkpoint storage {op} failed for {path}: {type(e).__name__}: {e}") from e
