@@ -55,3 +55,35 @@ class StaleStateError(SparkpointError):
 
 class JobFailedError(SparkpointError):
     pass
+
+
+class MetadataEncodeError(StorageError):
+    """A checkpoint's handles are not JSON-compatible, so `_metadata` cannot be written.
+    The participant named in the message must return plain dicts/lists/str/int/float/bool/None."""
+
+
+class CorruptSnapshotError(CorruptCheckpointError):
+    """State files of a checkpoint are missing or fail their size/sha256 check. The
+    message names the files and the checkpoint; restore from an older retained
+    checkpoint (`sparkpoint checkpoints verify` lists which ones verify)."""
+
+    def __init__(self, message: str, problems: tuple = ()):
+        super().__init__(message)
+        self.problems = problems
+
+
+class SnapshotCancelled(SparkpointError):
+    """A state upload stopped because its checkpoint was aborted; nothing more is
+    written for it. Not a failure of the job."""
+
+
+class StateSchemaError(SparkpointError):
+    """A state value or an operator's output does not match its declared schema. The
+    message names the state (or processor) and the field; fix the declared schema or
+    the value written."""
+
+
+class KafkaConnectorError(SparkpointError):
+    """A Kafka source or sink could not do its job (broker unreachable past the
+    timeout, topic missing, data removed by retention). The message names the topic
+    and what to check."""

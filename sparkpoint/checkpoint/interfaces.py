@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 # A participant is anything that must snapshot for a checkpoint to complete:
 # "job" (epoch/watermark), "source:<name>", "state:<op>/<subtask>", "sink:<name>".
@@ -108,6 +108,18 @@ class CheckpointStorage(Protocol):
     def load_completed(self) -> list[CompletedCheckpointData]:
         """All completed checkpoints of this job, oldest first, whose metadata parses and
         verifies. Directories without `_metadata` are never returned."""
+        ...
+
+
+@runtime_checkable
+class SupportsHighestCheckpointId(Protocol):
+    """Optional extra of a `CheckpointStorage`: the highest id of any `chk-<id>/`
+    directory, completed or not. The coordinator uses it to move the id counter past
+    leftovers of crashed runs at restore and after an id collision, instead of
+    probing one id at a time."""
+
+    def highest_checkpoint_id(self) -> int | None:
+        """None if there is no checkpoint directory. Raises StorageError on I/O failure."""
         ...
 
 

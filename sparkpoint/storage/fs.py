@@ -11,13 +11,42 @@ Every I/O error surfaces as `StorageError` naming the path and the operation.
 
 from __future__ import annotations
 
+import datetime as _dt
+import hashlib
 import os
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 
 from sparkpoint.errors import StorageError
+
+
+_HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """One file as storage reports it. `modified` is seconds since the epoch, or None
+    when the backend does not say (age-based cleanup then treats the file as young)."""
+
+    path: str
+    size: int
+    modified: float | None
+
+
+def _modified_time(info: dict[str, Any]) -> float | None:
+    # Backends name it differently: local "mtime", s3 "LastModified", memory "created".
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, _dt.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=_dt.timezone.utc)
+            return value.timestamp()
+    return None
 
 
 class StorageFS:
@@ -36,7 +65,12 @@ class StorageFS:
 
     # -- reads -------------------------------------------------------------------
     def exists(self, path: str) -> bool:
-        return self._io("exists", path, lambda: self.fs.exists(path))
+        def run() -> bool:
+            # Another process (a second deployment, a crashed run) may have changed
+            # storage since fsspec cached a listing; decisions here must see it.
+            self.fs.invalidate_cache(path)
+            return bool(self.fs.exists(path))
+        return self._io("exists", path, run)
 
     def read_bytes(self, path: str) -> bytes:
         return self._io("read", path, lambda: self.fs.cat_file(path))
@@ -44,6 +78,7 @@ class StorageFS:
     def ls(self, path: str) -> list[str]:
         """Entry names (not full paths) directly under `path`; [] if it does not exist."""
         def run() -> list[str]:
+            self.fs.invalidate_cache(path)
             if not self.fs.exists(path):
                 return []
             return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, detail=False))
@@ -51,6 +86,35 @@ class StorageFS:
 
     def size(self, path: str) -> int:
         return self._io("stat", path, lambda: int(self.fs.size(path)))
+
+    def stat(self, path: str) -> FileStat:
+        def run() -> FileStat:
+            info = self.fs.info(path)
+            return FileStat(path, int(info.get("size") or 0), _modified_time(info))
+        return self._io("stat", path, run)
+
+    def find(self, path: str) -> list[FileStat]:
+        """Every file below `path` (recursively), sorted by path; [] if it does not exist."""
+        def run() -> list[FileStat]:
+            self.fs.invalidate_cache(path)
+            if not self.fs.exists(path):
+                return []
+            found = self.fs.find(path, detail=True)
+            return sorted(
+                (FileStat(self._full(name), int(info.get("size") or 0), _modified_time(info))
+                 for name, info in found.items() if info.get("type", "file") != "directory"),
+                key=lambda f: f.path,
+            )
+        return self._io("list", path, run)
+
+    def sha256(self, path: str) -> str:
+        def run() -> str:
+            digest = hashlib.sha256()
+            with self.fs.open(path, "rb") as f:
+                while chunk := f.read(_HASH_CHUNK):
+                    digest.update(chunk)
+            return digest.hexdigest()
+        return self._io("read", path, run)
 
     def get_file(self, path: str, local_path: str) -> None:
         self._io("download", path, lambda: self.fs.get_file(path, local_path))
@@ -109,10 +173,21 @@ class StorageFS:
         create_exclusive_object(self.fs, path, data)
 
     def rm(self, path: str, recursive: bool = False) -> None:
+        """Delete; a path that is already gone is not an error (deletes are retried)."""
         def run() -> None:
-            if self.fs.exists(path):
-                self.fs.rm(path, recursive=recursive)
+            self.fs.invalidate_cache(path)
+            try:
+                if self.fs.exists(path):
+                    self.fs.rm(path, recursive=recursive)
+            except FileNotFoundError:
+                pass
         self._io("delete", path, run)
+
+    def _full(self, name: str) -> str:
+        # fsspec strips the protocol from listed names; local paths keep their leading "/".
+        if self.is_local and not name.startswith("/"):
+            return "/" + name
+        return name
 
     # -----------------------------------------------------------------------------
     @staticmethod

@@ -1,0 +1,37 @@
+# Two entry points, both bootstrap everything on a fresh machine (Python 3.11 + Java 17):
+#   make demo   run the demo pipeline on embedded local Spark
+#   make test   run the test suite
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON311 ?= $(shell command -v python3.11 || command -v python3)
+
+.PHONY: demo test bootstrap check-java kafka-jars bench clean-demo
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required (Spark runs on the JVM). Install a JDK 17, e.g. 'apt-get install openjdk-17-jdk-headless', or put it on PATH." >&2; exit 1; }
+	@java -version 2>&1 | head -1 | grep -Eq '"(1[7-9]|2[0-9])' || { echo "error: Java 17+ is required, found: $$(java -version 2>&1 | head -1)" >&2; exit 1; }
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON311) -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || { echo "error: Python 3.11 is required (found $$($(PYTHON311) --version 2>&1))" >&2; exit 1; }
+	$(PYTHON311) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+bootstrap: check-java $(VENV)/.installed
+
+kafka-jars: bootstrap
+	bash scripts/fetch_kafka.sh
+
+demo: bootstrap
+	$(VENV)/bin/sparkpoint run examples/demo.py --config examples/demo.yaml
+
+test: bootstrap kafka-jars
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: bootstrap
+	$(PY) bench/run_all.py
+
+clean-demo:
+	rm -rf sparkpoint-demo

@@ -1,0 +1,202 @@
+"""`KeyedAggregate`: running count / sum / min / max of one value column per key.
+
+Per epoch, Spark reduces the epoch's rows to one partial per key (`pre_aggregate`);
+each subtask then merges its partials into state with one multi-get, a numpy merge
+and one batch of puts, and emits the updated totals of the keys touched this epoch
+(update mode). Null values are ignored by sum/min/max (SQL semantics); a key whose
+values were all null has count > 0 and null sum/min/max.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkpoint.errors import ConfigError
+from sparkpoint.state.codec import FixedWidthCodec, parse_schema
+from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
+from sparkpoint.state.keys import encode_state_keys, namespace
+
+AGGREGATES = ("count", "sum", "min", "max")
+# Partial columns produced by pre_aggregate; dunder names cannot clash with user keys.
+P_COUNT, P_NVALUES, P_SUM, P_MIN, P_MAX = "__count", "__nvalues", "__sum", "__min", "__max"
+_VALUE_TYPES = {"double": pa.float64(), "bigint": pa.int64(), "long": pa.int64()}
+
+
+# -- helpers shared by the built-in keyed operators ------------------------------------
+def parse_value_type(decl: str | pa.DataType) -> pa.DataType:
+    if isinstance(decl, pa.DataType):
+        if pa.types.is_floating(decl):
+            return pa.float64()
+        if pa.types.is_integer(decl):
+            return pa.int64()
+    t = _VALUE_TYPES.get(str(decl).lower())
+    if t is None:
+        raise ConfigError(f"value_type {decl!r} is not supported; use 'double' or 'bigint'")
+    return t
+
+
+def identities(t: pa.DataType) -> tuple[Any, Any]:
+    """(identity of min, identity of max) in value type `t`."""
+    if pa.types.is_floating(t):
+        return np.inf, -np.inf
+    info = np.iinfo(np.int64)
+    return int(info.max), int(info.min)
+
+
+class KeySchema:
+    """The key columns' Arrow types: declared up front, or taken from the input
+    schema (`resolve`) by the runtime before `output_schema` is asked for."""
+
+    def __init__(self, operator: str, key_columns: Sequence[str], declared: Any = None):
+        if not key_columns:
+            raise ConfigError(f"operator {operator!r} needs at least one key column")
+        self.operator = operator
+        self.key_columns = list(key_columns)
+        self.schema: pa.Schema | None = None
+        if declared is not None:
+            self.resolve(parse_schema(declared, f"key_schema of operator {operator!r}"))
+
+    def resolve(self, input_schema: pa.Schema) -> None:
+        missing = [c for c in self.key_columns if c not in input_schema.names]
+        if missing:
+            raise ConfigError(f"operator {self.operator!r}: key column(s) {missing} are not in the "
+                              f"input schema {input_schema.names}")
+        self.schema = pa.schema([input_schema.field(c) for c in self.key_columns])
+
+    def fields(self) -> list[pa.Field]:
+        if self.schema is None:
+            raise ConfigError(f"operator {self.operator!r} does not know its key column types yet: pass "
+                              "key_schema=... (e.g. 'user STRING') or call resolve_input_schema(schema)")
+        return list(self.schema)
+
+    def cast_keys(self, keys: pa.Table) -> pa.Table:
+        """Key columns in the declared types (when known), for stable output schemas."""
+        if self.schema is None:
+            return keys
+        return keys.select(self.key_columns).cast(self.schema)
+
+
+def require_key_groups(rows: pa.Table, operator: str) -> None:
+    if rows.num_rows and KEY_GROUP_COL not in rows.column_names:
+        raise ConfigError(f"operator {operator!r} got rows without the {KEY_GROUP_COL} column; the "
+                          "runtime must add key groups before apply")
+
+
+# -- the operator ----------------------------------------------------------------------
+class KeyedAggregate(StatefulOperator):
+    """Output columns: the key columns, then the requested `aggs` in the order given
+    (count BIGINT; sum/min/max in `value_type`)."""
+
+    def __init__(self, name: str, key_columns: Sequence[str], value_column: str,
+                 aggs: Sequence[str] = AGGREGATES, *, value_type: str | pa.DataType = "double",
+                 key_schema: Any = None):
+        unknown = [a for a in aggs if a not in AGGREGATES]
+        if unknown or not aggs:
+            raise ConfigError(f"KeyedAggregate {name!r}: aggs {list(aggs)} must be a non-empty subset "
+                              f"of {list(AGGREGATES)}")
+        clash = [c for c in key_columns if c in aggs]
+        if clash:
+            raise ConfigError(f"KeyedAggregate {name!r}: key column(s) {clash} clash with output "
+                              "columns of the same name; rename them first")
+        self.name = name
+        self.key_columns = list(key_columns)
+        self.value_column = value_column
+        self.aggs = tuple(aggs)
+        self.value_type = parse_value_type(value_type)
+        self.keys = KeySchema(name, key_columns, key_schema)
+        kind = "f8" if pa.types.is_floating(self.value_type) else "i8"
+        self._codec = FixedWidthCodec(name, [("count", "i8"), ("nvalues", "i8"),
+                                             ("sum", kind), ("min", kind), ("max", kind)])
+        self._ns = namespace("agg")
+
+    def resolve_input_schema(self, schema: pa.Schema) -> None:
+        self.keys.resolve(schema)
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        types = {"count": pa.int64(), "sum": self.value_type, "min": self.value_type, "max": self.value_type}
+        return pa.schema([*self.keys.fields(), *[pa.field(a, types[a]) for a in self.aggs]])
+
+    def pre_aggregate(self, df):
+        from pyspark.sql import functions as F
+
+        v = F.col(self.value_column).cast("double" if pa.types.is_floating(self.value_type) else "bigint")
+        return df.groupBy(*self.key_columns).agg(
+            F.count(F.lit(1)).alias(P_COUNT), F.count(v).alias(P_NVALUES), F.sum(v).alias(P_SUM),
+            F.min(v).alias(P_MIN), F.max(v).alias(P_MAX))
+
+    def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
+        if self.keys.schema is None:
+            self.keys.resolve(rows.schema)
+        if rows.num_rows == 0:
+            return self.output_schema.empty_table()
+        require_key_groups(rows, self.name)
+        partials = self._partials(rows)
+        keys = encode_state_keys(partials, self.key_columns, KEY_GROUP_COL, self._ns)
+        if len(set(keys)) != len(keys):
+            # Spark's pre-aggregation leaves one row per key; raw or duplicated rows are
+            # combined first, else two rows of one key would overwrite each other's merge.
+            partials = self._combine(partials)
+            keys = encode_state_keys(partials, self.key_columns, KEY_GROUP_COL, self._ns)
+        totals = self._merge(partials, store.get_many(keys))
+        store.put_many(keys, self._codec.encode_many(totals))
+        return self._output(partials, totals)
+
+    # -- steps ---------------------------------------------------------------------------
+    def _partials(self, rows: pa.Table) -> pa.Table:
+        """One row per key with partial columns, whether or not Spark pre-aggregated."""
+        lo, hi = identities(self.value_type)
+        if P_COUNT in rows.column_names:
+            cols = {P_COUNT: rows.column(P_COUNT).cast(pa.int64()),
+                    P_NVALUES: rows.column(P_NVALUES).cast(pa.int64()),
+                    P_SUM: rows.column(P_SUM).cast(self.value_type),
+                    P_MIN: rows.column(P_MIN).cast(self.value_type),
+                    P_MAX: rows.column(P_MAX).cast(self.value_type)}
+        else:  # raw rows: each is its own partial
+            v = rows.column(self.value_column).cast(self.value_type)
+            cols = {P_COUNT: pa.array(np.ones(rows.num_rows, dtype=np.int64)),
+                    P_NVALUES: pc.cast(pc.is_valid(v), pa.int64()), P_SUM: v, P_MIN: v, P_MAX: v}
+        cols[P_SUM] = pc.fill_null(cols[P_SUM], pa.scalar(0, self.value_type))
+        cols[P_MIN] = pc.fill_null(cols[P_MIN], pa.scalar(lo, self.value_type))
+        cols[P_MAX] = pc.fill_null(cols[P_MAX], pa.scalar(hi, self.value_type))
+        table = rows.select([*self.key_columns, KEY_GROUP_COL])
+        for name, col in cols.items():
+            table = table.append_column(name, col)
+        return table
+
+    def _combine(self, table: pa.Table) -> pa.Table:
+        grouped = table.group_by([*self.key_columns, KEY_GROUP_COL], use_threads=False).aggregate(
+            [(P_COUNT, "sum"), (P_NVALUES, "sum"), (P_SUM, "sum"), (P_MIN, "min"), (P_MAX, "max")])
+        return grouped.rename_columns({f"{P_COUNT}_sum": P_COUNT, f"{P_NVALUES}_sum": P_NVALUES,
+                                       f"{P_SUM}_sum": P_SUM, f"{P_MIN}_min": P_MIN, f"{P_MAX}_max": P_MAX})
+
+    def _merge(self, partials: pa.Table, stored: list[bytes | None]) -> np.ndarray:
+        n = partials.num_rows
+        totals = np.empty(n, dtype=self._codec.dtype)
+        for field, col in (("count", P_COUNT), ("nvalues", P_NVALUES), ("sum", P_SUM),
+                           ("min", P_MIN), ("max", P_MAX)):
+            totals[field] = partials.column(col).to_numpy()
+        found = np.fromiter((v is not None for v in stored), dtype=bool, count=n)
+        if found.any():
+            idx = np.flatnonzero(found)
+            old = self._codec.decode_many([v for v in stored if v is not None])
+            totals["count"][idx] += old["count"]
+            totals["nvalues"][idx] += old["nvalues"]
+            totals["sum"][idx] += old["sum"]
+            totals["min"][idx] = np.minimum(totals["min"][idx], old["min"])
+            totals["max"][idx] = np.maximum(totals["max"][idx], old["max"])
+        return totals
+
+    def _output(self, partials: pa.Table, totals: np.ndarray) -> pa.Table:
+        no_values = totals["nvalues"] == 0
+        out = self.keys.cast_keys(partials.select(self.key_columns))
+        for a in self.aggs:
+            if a == "count":
+                out = out.append_column("count", pa.array(totals["count"], type=pa.int64()))
+            else:
+                out = out.append_column(a, pa.array(totals[a], type=self.value_type, mask=no_values))
+        return out

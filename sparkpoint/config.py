@@ -1,0 +1,193 @@
+"""Job configuration with Flink's key names where they exist.
+
+Settable three ways, later ones winning: a YAML file (flat dotted keys, or nested
+maps that flatten to them), `--set key=value` on the command line, and keyword
+overrides from Python (`Settings.load(overrides={"execution.checkpointing.interval": "1 s"})`).
+An unknown key or a bad value is one `ConfigError` naming the key, the value and
+what is accepted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sparkpoint.errors import ConfigError
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_UNITS_MS = {
+    "": 1, "ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 1,
+    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
+    "min": 60_000, "m": 60_000, "minute": 60_000, "minutes": 60_000,
+    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
+}
+
+
+def parse_duration_ms(value: Any) -> int:
+    """Flink-style durations: 500 (ms), "500 ms", "2 s", "1 min", "1h"."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as '2 s' or '500 ms'")
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = _DURATION_RE.match(str(value))
+    if not m or m.group(2).lower() not in _UNITS_MS:
+        raise ValueError(f"{value!r} is not a duration; use e.g. '2 s', '500 ms', '1 min'")
+    return int(float(m.group(1)) * _UNITS_MS[m.group(2).lower()])
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Settings(_Model):
+    job_name: str = Field("sparkpoint-job", alias="pipeline.name")
+
+    # -- checkpointing (Flink's execution.checkpointing.*) --------------------------
+    checkpoint_dir: str = Field("./checkpoints", alias="execution.checkpointing.dir")
+    checkpoint_interval_ms: int = Field(2_000, alias="execution.checkpointing.interval")
+    checkpoint_min_pause_ms: int = Field(0, alias="execution.checkpointing.min-pause")
+    checkpoint_timeout_ms: int = Field(60_000, alias="execution.checkpointing.timeout")
+    checkpoint_max_concurrent: int = Field(1, alias="execution.checkpointing.max-concurrent-checkpoints")
+    # Flink defaults to 0, which turns one storage hiccup into a job restart (seed 001).
+    # 10 rides out a ~20 s outage at a 2 s interval while still surfacing a dead store.
+    tolerable_failed_checkpoints: int = Field(10, alias="execution.checkpointing.tolerable-failed-checkpoints")
+    num_retained: int = Field(3, alias="execution.checkpointing.num-retained")
+    checkpointing_enabled: bool = Field(True, alias="execution.checkpointing.enabled")
+    storage_options: dict[str, Any] = Field(default_factory=dict, alias="execution.checkpointing.storage-options")
+
+    # -- parallelism / key groups ----------------------------------------------------
+    parallelism: int = Field(2, alias="parallelism.default")
+    max_parallelism: int = Field(128, alias="pipeline.max-parallelism")
+
+    # -- restart strategy (Flink's restart-strategy.*) -------------------------------
+    restart_strategy: Literal["fixed-delay", "exponential-delay", "failure-rate", "none"] = Field(
+        "exponential-delay", alias="restart-strategy.type")
+    fixed_delay_attempts: int = Field(2_147_483_647, alias="restart-strategy.fixed-delay.attempts")
+    fixed_delay_ms: int = Field(1_000, alias="restart-strategy.fixed-delay.delay")
+    exp_initial_backoff_ms: int = Field(1_000, alias="restart-strategy.exponential-delay.initial-backoff")
+    exp_max_backoff_ms: int = Field(60_000, alias="restart-strategy.exponential-delay.max-backoff")
+    exp_multiplier: float = Field(2.0, alias="restart-strategy.exponential-delay.backoff-multiplier")
+    exp_reset_threshold_ms: int = Field(3_600_000, alias="restart-strategy.exponential-delay.reset-backoff-threshold")
+    exp_jitter: float = Field(0.1, alias="restart-strategy.exponential-delay.jitter-factor")
+    exp_attempts: int = Field(2_147_483_647, alias="restart-strategy.exponential-delay.attempts-before-reset-backoff")
+    failure_rate_max: int = Field(1, alias="restart-strategy.failure-rate.max-failures-per-interval")
+    failure_rate_interval_ms: int = Field(60_000, alias="restart-strategy.failure-rate.failure-rate-interval")
+    failure_rate_delay_ms: int = Field(1_000, alias="restart-strategy.failure-rate.delay")
+
+    # -- state -----------------------------------------------------------------------
+    local_state_dir: str = Field("./state", alias="state.local.dir")
+    restore_mode: Literal["latest", "empty"] = Field("latest", alias="restore.mode")
+    lease_ttl_ms: int = Field(15_000, alias="sparkpoint.lease.ttl")
+
+    # -- runtime -------------------------------------------------------------------
+    spark_master: str = Field("local[2]", alias="spark.master")
+    spark_conf: dict[str, str] = Field(default_factory=dict, alias="spark.conf")
+    idle_pause_ms: int = Field(200, alias="sparkpoint.idle-pause")
+    progress: bool = Field(True, alias="sparkpoint.progress")
+    progress_interval_ms: int = Field(1_000, alias="sparkpoint.progress.interval")
+    metrics_port: int | None = Field(None, alias="metrics.prometheus.port")
+    alarm_webhook: str | None = Field(None, alias="alarms.webhook-url")
+    # Failure rehearsal: rules for sparkpoint.testing.faults (see docs/faults.md).
+    faults: list[dict[str, Any]] = Field(default_factory=list, alias="sparkpoint.faults")
+
+    @field_validator(
+        "checkpoint_interval_ms", "checkpoint_min_pause_ms", "checkpoint_timeout_ms", "fixed_delay_ms",
+        "exp_initial_backoff_ms", "exp_max_backoff_ms", "exp_reset_threshold_ms", "failure_rate_interval_ms",
+        "failure_rate_delay_ms", "lease_ttl_ms", "idle_pause_ms", "progress_interval_ms", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> int:
+        return parse_duration_ms(v)
+
+    @field_validator("checkpoint_interval_ms", "checkpoint_timeout_ms", "parallelism", "max_parallelism",
+                     "checkpoint_max_concurrent", "num_retained")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError("must be greater than 0")
+        return v
+
+    @field_validator("tolerable_failed_checkpoints", "checkpoint_min_pause_ms")
+    @classmethod
+    def _non_negative(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("must be 0 or more")
+        return v
+
+    def model_post_init(self, __context: Any) -> None:
+        if self.parallelism > self.max_parallelism:
+            raise ConfigError(
+                f"parallelism.default={self.parallelism} exceeds pipeline.max-parallelism="
+                f"{self.max_parallelism}: each subtask needs at least one key group; raise "
+                f"pipeline.max-parallelism or lower parallelism.default")
+
+    # -------------------------------------------------------------------------------
+    @classmethod
+    def keys(cls) -> list[str]:
+        return sorted(f.alias for f in cls.model_fields.values() if f.alias)
+
+    @classmethod
+    def load(cls, file: str | Path | None = None, sets: list[str] | None = None,
+             overrides: Mapping[str, Any] | None = None, base: Mapping[str, Any] | None = None) -> "Settings":
+        raw: dict[str, Any] = dict(base or {})
+        if file is not None:
+            raw.update(_read_yaml(Path(file)))
+        for item in sets or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set execution.checkpointing.interval=2s")
+            raw[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        raw.update(overrides or {})
+        return cls.from_mapping(raw)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> "Settings":
+        known = set(cls.keys())
+        by_name = {name: f.alias for name, f in cls.model_fields.items()}
+        data: dict[str, Any] = {}
+        for key, value in raw.items():
+            alias = by_name.get(key, key)
+            if alias not in known:
+                hint = difflib.get_close_matches(key, sorted(known), n=1)
+                raise ConfigError(
+                    f"unknown configuration key {key!r}"
+                    + (f"; did you mean {hint[0]!r}?" if hint else "")
+                    + " (run `sparkpoint config-keys` for the list)")
+            data[alias] = value
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = err["loc"][0] if err["loc"] else "?"
+            alias = by_name.get(str(loc), str(loc))
+            bad = data.get(alias, "<missing>")
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise ConfigError(f"bad value for {alias}: {bad!r}: {msg}") from None
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any], dict_keys: set[str]) -> None:
+    if isinstance(value, Mapping) and prefix not in dict_keys:
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out, dict_keys)
+    else:
+        out[prefix] = value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"config file {path} must be a mapping of keys to values")
+    # Keys whose values are maps themselves stay whole.
+    dict_keys = {"spark.conf", "execution.checkpointing.storage-options"}
+    out: dict[str, Any] = {}
+    _flatten("", doc, out, dict_keys)
+    return out

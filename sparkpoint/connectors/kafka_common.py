@@ -1,0 +1,156 @@
+"""What the Kafka source and sink share: split ids, client configuration, the record
+schema, decode helpers, and a log line that cannot storm.
+
+A split is one topic partition, named "topic:partition". Its position is the next
+offset to read (Kafka's own convention for committed offsets), so a restored
+position is read from, never skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import pyarrow as pa
+
+from sparkpoint.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SPARK_CONNECTOR_DIR = REPO_ROOT / ".cache" / "kafka" / "spark-connector"
+
+# DDL of the records a KafkaSource returns. Timestamps are epoch milliseconds, as Kafka
+# stores them, so nothing depends on the session time zone.
+RECORD_SCHEMA_DDL = ("key binary, value binary, topic string, partition int, "
+                     "offset bigint, timestamp bigint")
+RECORD_ARROW_SCHEMA = pa.schema([
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("timestamp", pa.int64()),
+])
+
+# Keys the connectors set themselves; a user's client_config may not override them
+# because exactly-once depends on their values.
+_RESERVED_CONSUMER_KEYS = frozenset({"enable.auto.commit", "enable.auto.offset.store",
+                                     "isolation.level", "enable.partition.eof"})
+_RESERVED_PRODUCER_KEYS = frozenset({"transactional.id", "enable.idempotence"})
+
+
+def split_id(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+def parse_split(split: str) -> tuple[str, int]:
+    """Inverse of `split_id`. Topic names may not contain ':', so the last ':' splits."""
+    topic, _, partition = split.rpartition(":")
+    if not topic or not partition.isdigit():
+        raise ConfigError(f"not a Kafka split id: {split!r}; expected 'topic:partition'")
+    return topic, int(partition)
+
+
+def consumer_config(bootstrap_servers: str, client_config: Mapping[str, Any] | None,
+                    **fixed: Any) -> dict[str, Any]:
+    """The user's settings (security, timeouts, ...) passed through, then the
+    connector's fixed ones. Refuses user values for keys exactly-once depends on."""
+    return _merge(bootstrap_servers, client_config, _RESERVED_CONSUMER_KEYS, fixed)
+
+
+def producer_config(bootstrap_servers: str, client_config: Mapping[str, Any] | None,
+                    **fixed: Any) -> dict[str, Any]:
+    return _merge(bootstrap_servers, client_config, _RESERVED_PRODUCER_KEYS, fixed)
+
+
+def _merge(bootstrap_servers: str, client_config: Mapping[str, Any] | None,
+           reserved: frozenset[str], fixed: Mapping[str, Any]) -> dict[str, Any]:
+    user = dict(client_config or {})
+    clashes = sorted(k for k in user if k in reserved)
+    if clashes:
+        raise ConfigError(f"client_config may not set {clashes}: the Kafka connector sets "
+                          "them itself because exactly-once depends on them; remove them")
+    merged: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **user}
+    merged.update({k.replace("_", "."): v for k, v in fixed.items()})
+    return merged
+
+
+def admin_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset of a client config an AdminClient accepts (no consumer/producer keys)."""
+    consumer_only = ("group.id", "auto.offset.reset", "enable.auto.commit", "isolation.level",
+                     "enable.partition.eof", "enable.auto.offset.store", "fetch.", "queued.",
+                     "session.timeout.ms", "max.poll.interval.ms")
+    return {k: v for k, v in config.items() if not k.startswith(consumer_only)}
+
+
+def spark_connector_jars() -> list[str]:
+    """Jars of Spark's own Kafka connector (fetched by `scripts/fetch_kafka.sh
+    --spark-connector`), for `spark.jars` when using `reader="spark"`."""
+    if not (SPARK_CONNECTOR_DIR / ".complete").exists():
+        raise ConfigError(f"Spark's Kafka connector jars are not in {SPARK_CONNECTOR_DIR}: run "
+                          "scripts/fetch_kafka.sh --spark-connector, or use reader='confluent'")
+    return sorted(str(p) for p in SPARK_CONNECTOR_DIR.glob("*.jar"))
+
+
+# -- decode helpers ---------------------------------------------------------------------
+def decode_utf8(df: Any, *columns: str) -> Any:
+    """`df` with the binary `columns` (default: key and value) cast to UTF-8 strings."""
+    from pyspark.sql import functions as F
+
+    for name in columns or ("key", "value"):
+        df = df.withColumn(name, F.col(name).cast("string"))
+    return df
+
+
+def decode_json(df: Any, schema: str, column: str = "value", into: str = "data") -> Any:
+    """`df` with `column` parsed as JSON of the DDL `schema` into the struct column
+    `into`; records that are not valid JSON give nulls, never a failed epoch."""
+    from pyspark.sql import functions as F
+
+    return df.withColumn(into, F.from_json(F.col(column).cast("string"), schema))
+
+
+def records_to_arrow(rows: Iterable[tuple[bytes | None, bytes | None, str, int, int, int]]) -> pa.RecordBatch:
+    keys, values, topics, partitions, offsets, timestamps = ([] for _ in range(6))
+    for k, v, t, p, o, ts in rows:
+        keys.append(k)
+        values.append(v)
+        topics.append(t)
+        partitions.append(p)
+        offsets.append(o)
+        timestamps.append(ts)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(keys, pa.binary()), pa.array(values, pa.binary()), pa.array(topics, pa.string()),
+         pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
+         pa.array(timestamps, pa.int64())], schema=RECORD_ARROW_SCHEMA)
+
+
+# -- logging without alarm storms ----------------------------------------------------------
+class RateLimitedLog:
+    """Logs at most once per `interval_s`; the next line that gets through says how
+    many were suppressed. A broker outage then costs one line per interval, not one
+    per retry (seed 003: offset-commit warnings in a loop)."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self._logger = logger
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last: float | None = None
+        self._suppressed = 0
+        self._lock = threading.Lock()
+
+    def warning(self, msg: str, *args: Any) -> bool:
+        """Returns True if the line was written."""
+        with self._lock:
+            now = self._clock()
+            if self._last is not None and now - self._last < self._interval_s:
+                self._suppressed += 1
+                return False
+            suppressed, self._suppressed, self._last = self._suppressed, 0, now
+        if suppressed:
+            msg += f" ({suppressed} similar messages suppressed)"
+        self._logger.warning(msg, *args)
+        return True

@@ -1,0 +1,48 @@
+"""The embedded Spark session: local[2] by default, shuffle partitions = parallelism,
+Python workers on this interpreter (else they import a Python without pyarrow)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+from sparkpoint.errors import ConfigError
+
+
+def check_java() -> str:
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise ConfigError("Java 17 is required to run Spark but no `java` was found: install a JDK 17 "
+                          "(e.g. `apt-get install openjdk-17-jdk-headless`) or set JAVA_HOME")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    first = out.splitlines()[0] if out else ""
+    if '"1.' in first or any(f'"{v}' in first for v in ("9", "10", "11", "12", "13", "14", "15", "16")):
+        raise ConfigError(f"Spark 4 needs Java 17 or newer; found {first!r}. Point JAVA_HOME at a JDK 17")
+    return first
+
+
+def get_or_create_spark(master: str = "local[2]", app_name: str = "sparkpoint", shuffle_partitions: int = 2,
+                        extra_conf: dict[str, str] | None = None):
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master).appName(app_name)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.default.parallelism", str(shuffle_partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for k, v in (extra_conf or {}).items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

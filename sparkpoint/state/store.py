@@ -1,0 +1,350 @@
+"""One subtask's keyed state: a local RocksDB directory with epoch-atomic commits.
+
+Within an epoch every write is buffered in memory (an overlay that reads see), and
+`commit_epoch` writes all of them together with the epoch marker and the epoch's
+output in ONE RocksDB WriteBatch. So the directory is always at exactly one committed
+epoch: a crash or an exception before `commit_epoch` leaves the previous epoch intact,
+and a Spark task retry of an already committed epoch returns `last_output()` instead
+of applying its rows twice.
+
+Metadata (format version, operator, key-group range, max parallelism) is recorded at
+creation and checked on every open, so a directory left by another operator, another
+program or another parallelism is refused instead of silently read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Iterator, Literal, Sequence
+
+import pyarrow as pa
+import rocksdict
+
+from sparkpoint.errors import ForeignCheckpointError, StaleStateError
+from sparkpoint.state.keys import META_PREFIX, meta_key
+
+FORMAT_NAME = "sparkpoint-state"
+FORMAT_VERSION = 1
+NO_EPOCH = -1
+
+_FORMAT_KEY = meta_key("format")
+_EPOCH_KEY = meta_key("epoch")
+_OUTPUT_KEY = meta_key("last_output")
+_DELETED = None  # overlay tombstone
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """RocksDB tuning for one subtask store; `to_rocksdict` is the only place that
+    knows rocksdict's option setters."""
+
+    write_buffer_size_mb: int = 32
+    max_write_buffer_number: int = 2
+    max_background_jobs: int = 2
+    compression: Literal["lz4", "zstd", "none"] = "lz4"
+    bloom_bits_per_key: float = 10.0
+    # Why sync: commit_epoch returning is what lets the runtime report the epoch done
+    # and move sources forward. With the WAL on, a SIGKILL right after it returns loses
+    # nothing (the WAL is in the OS page cache and replayed on open); sync=True also
+    # covers a host/kernel crash, for one fsync per subtask per epoch, which is small
+    # next to an epoch's Spark job.
+    sync_commit: bool = True
+
+    def to_rocksdict(self) -> rocksdict.Options:
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.set_write_buffer_size(self.write_buffer_size_mb * 1024 * 1024)
+        opts.set_max_write_buffer_number(self.max_write_buffer_number)
+        opts.set_max_background_jobs(self.max_background_jobs)
+        opts.set_compression_type({
+            "lz4": rocksdict.DBCompressionType.lz4(),
+            "zstd": rocksdict.DBCompressionType.zstd(),
+            "none": rocksdict.DBCompressionType.none(),
+        }[self.compression])
+        table = rocksdict.BlockBasedOptions()
+        table.set_bloom_filter(self.bloom_bits_per_key, False)
+        opts.set_block_based_table_factory(table)
+        return opts
+
+    def write_options(self) -> rocksdict.WriteOptions:
+        wo = rocksdict.WriteOptions()
+        wo.sync = self.sync_commit
+        return wo
+
+
+@dataclass(frozen=True)
+class StoreFormat:
+    """What a store directory records about itself (JSON under the format key)."""
+
+    operator: str | None = None
+    key_groups: tuple[int, int] | None = None  # [start, stop)
+    max_parallelism: int | None = None
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format": self.format, "version": self.version, "operator": self.operator,
+                           "key_groups": list(self.key_groups) if self.key_groups else None,
+                           "max_parallelism": self.max_parallelism}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, path: str) -> "StoreFormat":
+        try:
+            d = json.loads(raw)
+            return cls(operator=d.get("operator"),
+                       key_groups=tuple(d["key_groups"]) if d.get("key_groups") else None,
+                       max_parallelism=d.get("max_parallelism"), format=d["format"], version=int(d["version"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ForeignCheckpointError(f"state directory {path} has an unreadable format record ({e}); "
+                                         "it was not written by sparkpoint: point the job at another "
+                                         "local state directory") from e
+
+
+@dataclass
+class _Overlay:
+    """This epoch's uncommitted writes; None marks a delete."""
+
+    writes: dict[bytes, bytes | None] = field(default_factory=dict)
+
+    def sorted_keys_between(self, start: bytes, stop: bytes | None) -> list[bytes]:
+        return sorted(k for k in self.writes if k >= start and (stop is None or k < stop))
+
+
+class SubtaskStateStore:
+    """Keyed state of one (operator, subtask). Not thread-safe; one per Python worker task.
+
+    Raises: `ForeignCheckpointError` on open if the directory holds another format or
+    another operator's state; `StaleStateError` if it holds another key-group range or
+    max parallelism, or is missing while `create=False`."""
+
+    def __init__(self, path: str, db: rocksdict.Rdict, fmt: StoreFormat, options: StoreOptions):
+        self.path = path
+        self.format = fmt
+        self._db = db
+        self._options = options
+        self._overlay = _Overlay()
+        self._epoch = _read_epoch(db)
+
+    # -- lifecycle --------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str, *, create: bool = True, operator: str | None = None,
+             key_groups: range | None = None, max_parallelism: int | None = None,
+             options: StoreOptions = StoreOptions()) -> "SubtaskStateStore":
+        exists = os.path.exists(os.path.join(path, "CURRENT"))
+        if not exists and not create:
+            raise StaleStateError(f"no local state at {path}; the driver must restore this subtask "
+                                  "from a checkpoint before running it")
+        os.makedirs(path, exist_ok=True)
+        try:
+            db = rocksdict.Rdict(path, options.to_rocksdict())
+        except Exception as e:  # rocksdict raises bare Exception for corruption / lock errors
+            raise StaleStateError(f"cannot open local state at {path}: {e}. Delete the directory; the "
+                                  "driver then restores this subtask from a checkpoint") from e
+        wanted = StoreFormat(operator=operator,
+                             key_groups=(key_groups.start, key_groups.stop) if key_groups else None,
+                             max_parallelism=max_parallelism)
+        try:
+            fmt = _check_format(db, path, wanted, options)
+        except Exception:
+            db.close()
+            raise
+        return cls(path, db, fmt, options)
+
+    def close(self) -> None:
+        """Close without committing: uncommitted writes of this epoch are dropped."""
+        self._overlay = _Overlay()
+        self._db.close()
+
+    def __enter__(self) -> "SubtaskStateStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- epochs -----------------------------------------------------------------------
+    def epoch(self) -> int:
+        """The last committed epoch; -1 for a fresh store."""
+        return self._epoch
+
+    def last_output(self) -> pa.Table | None:
+        raw = self._db.get(_OUTPUT_KEY)
+        if raw is None:
+            return None
+        with pa.ipc.open_stream(raw) as reader:
+            return reader.read_all()
+
+    @property
+    def pending_writes(self) -> int:
+        return len(self._overlay.writes)
+
+    def commit_epoch(self, epoch: int, output: pa.Table) -> None:
+        """Make this epoch's writes, the epoch marker and `output` durable in one atomic
+        WriteBatch. Raises StaleStateError if `epoch` does not move forward."""
+        if epoch <= self._epoch:
+            raise StaleStateError(f"state at {self.path} is already at epoch {self._epoch}; "
+                                  f"cannot commit epoch {epoch} again")
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key, value in self._overlay.writes.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        batch.put(_EPOCH_KEY, epoch.to_bytes(8, "big", signed=True))
+        batch.put(_OUTPUT_KEY, _ipc_bytes(output))
+        self._db.write(batch, self._options.write_options())
+        self._overlay = _Overlay()
+        self._epoch = epoch
+
+    def discard_pending(self) -> None:
+        """Forget this epoch's uncommitted writes (state stays at `epoch()`)."""
+        self._overlay = _Overlay()
+
+    def create_local_checkpoint(self, path: str) -> None:
+        """Hard-link a consistent copy of the committed state to `path` (which must not
+        exist; its parent is created). Call after `commit_epoch`."""
+        if self._overlay.writes:
+            raise StaleStateError(f"state at {self.path} has {len(self._overlay.writes)} uncommitted "
+                                  "writes; commit the epoch before taking a local checkpoint")
+        if os.path.exists(path):
+            raise FileExistsError(f"local checkpoint directory {path} already exists")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        rocksdict.Checkpoint(self._db).create_checkpoint(path)
+
+    # -- reads (see this epoch's writes) -----------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        if key in self._overlay.writes:
+            return self._overlay.writes[key]
+        return self._db.get(key)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Values for `keys` in order (None where absent)."""
+        if not keys:
+            return []
+        # Point gets through map() measured 2.5x faster than rocksdict's list multi-get
+        # (0.28 s vs 0.72 s for 300k keys, memtable or SST): its per-call overhead is
+        # lower than the multi-get's key/value vector marshalling.
+        values = list(map(self._db.get, keys))
+        writes = self._overlay.writes
+        if writes:
+            for i, key in enumerate(keys):
+                if key in writes:
+                    values[i] = writes[key]
+        return values
+
+    def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Entries whose key starts with `prefix`, in key order."""
+        return self.scan_range(prefix, _prefix_end(prefix))
+
+    def scan_range(self, start: bytes, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with start <= key < stop (stop None: to the end), in key order."""
+        ropts = rocksdict.ReadOptions()
+        if stop is not None:
+            ropts.set_iterate_upper_bound(stop)
+        pending = self._overlay.sorted_keys_between(start, stop)
+        writes = self._overlay.writes
+        it = self._db.iter(ropts)
+        it.seek(start)
+        i = 0
+        while it.valid():
+            key = it.key()
+            if key.startswith(META_PREFIX) and not start.startswith(META_PREFIX):
+                break
+            # Emit overlay keys that sort before the next committed key.
+            while i < len(pending) and pending[i] < key:
+                if writes[pending[i]] is not None:
+                    yield pending[i], writes[pending[i]]  # type: ignore[misc]
+                i += 1
+            if i < len(pending) and pending[i] == key:
+                if writes[key] is not None:
+                    yield key, writes[key]  # type: ignore[misc]
+                i += 1
+            else:
+                yield key, it.value()
+            it.next()
+        for k in pending[i:]:
+            if writes[k] is not None:
+                yield k, writes[k]  # type: ignore[misc]
+
+    def has_prefix(self, prefix: bytes) -> bool:
+        return next(iter(self.scan_prefix(prefix)), None) is not None
+
+    # -- writes (buffered until commit_epoch) ------------------------------------------
+    def put(self, key: bytes, value: bytes) -> None:
+        self._overlay.writes[key] = value
+
+    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"put_many got {len(keys)} keys but {len(values)} values")
+        self._overlay.writes.update(zip(keys, values))
+
+    def delete(self, key: bytes) -> None:
+        self._overlay.writes[key] = _DELETED
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        self._overlay.writes.update(dict.fromkeys(keys, _DELETED))
+
+    # -- operator metadata (counters etc.; committed with the epoch) -------------------
+    def get_meta(self, name: str) -> bytes | None:
+        return self.get(meta_key("op/" + name))
+
+    def put_meta(self, name: str, value: bytes) -> None:
+        self.put(meta_key("op/" + name), value)
+
+
+# -- helpers ----------------------------------------------------------------------------
+def _ipc_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _read_epoch(db: rocksdict.Rdict) -> int:
+    raw = db.get(_EPOCH_KEY)
+    return NO_EPOCH if raw is None else int.from_bytes(raw, "big", signed=True)
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """Smallest key greater than every key starting with `prefix`."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return None
+    p[-1] += 1
+    return bytes(p)
+
+
+def _is_empty(db: rocksdict.Rdict) -> bool:
+    it = db.iter()
+    it.seek_to_first()
+    return not it.valid()
+
+
+def _check_format(db: rocksdict.Rdict, path: str, wanted: StoreFormat, options: StoreOptions) -> StoreFormat:
+    raw = db.get(_FORMAT_KEY)
+    if raw is None:
+        if not _is_empty(db):
+            raise ForeignCheckpointError(f"{path} holds a RocksDB database without a sparkpoint format "
+                                         "record; it was written by something else. Point the job at "
+                                         "another local state directory")
+        db.put(_FORMAT_KEY, wanted.to_json(), options.write_options())
+        return wanted
+    found = StoreFormat.from_json(raw, path)
+    if found.format != FORMAT_NAME or found.version != FORMAT_VERSION:
+        raise ForeignCheckpointError(f"state at {path} has format {found.format!r} version {found.version}; "
+                                     f"this sparkpoint reads {FORMAT_NAME!r} version {FORMAT_VERSION}")
+    if wanted.operator is not None and found.operator is not None and wanted.operator != found.operator:
+        raise ForeignCheckpointError(f"state at {path} belongs to operator {found.operator!r}, not "
+                                     f"{wanted.operator!r}; check the job's operator names and state dirs")
+    for what, have, want in (("key-group range", found.key_groups, wanted.key_groups),
+                             ("max parallelism", found.max_parallelism, wanted.max_parallelism)):
+        if want is not None and have is not None and have != want:
+            raise StaleStateError(f"state at {path} was written for {what} {have}, the job now expects "
+                                  f"{want}; restore this subtask from a checkpoint (rescaling needs a restore)")
+    return found
+
+
+__all__ = ["SubtaskStateStore", "StoreOptions", "StoreFormat", "NO_EPOCH", "FORMAT_VERSION"]
