@@ -23,6 +23,7 @@ from sparkpoint.state.keys import encode_state_keys, namespace
 AGGREGATES = ("count", "sum", "min", "max")
 # Partial columns produced by pre_aggregate; dunder names cannot clash with user keys.
 P_COUNT, P_NVALUES, P_SUM, P_MIN, P_MAX = "__count", "__nvalues", "__sum", "__min", "__max"
+_KEY_SCHEMA_META = "key_schema"
 _VALUE_TYPES = {"double": pa.float64(), "bigint": pa.int64(), "long": pa.int64()}
 
 
@@ -66,6 +67,18 @@ class KeySchema:
             raise ConfigError(f"operator {self.operator!r}: key column(s) {missing} are not in the "
                               f"input schema {input_schema.names}")
         self.schema = pa.schema([input_schema.field(c) for c in self.key_columns])
+
+    def ensure(self, store, rows: pa.Table) -> None:
+        """Know the key types in a worker even if the driver did not resolve them: from
+        this epoch's rows, else from the types recorded in the store by an earlier epoch
+        (Arrow IPC schema bytes, not pickle)."""
+        if self.schema is None:
+            if all(c in rows.column_names for c in self.key_columns):
+                self.resolve(rows.schema)
+            elif (raw := store.get_meta(_KEY_SCHEMA_META)) is not None:
+                self.schema = pa.ipc.read_schema(pa.py_buffer(raw))
+        if self.schema is not None and store.get_meta(_KEY_SCHEMA_META) is None:
+            store.put_meta(_KEY_SCHEMA_META, self.schema.serialize().to_pybytes())
 
     def fields(self) -> list[pa.Field]:
         if self.schema is None:
@@ -130,8 +143,7 @@ class KeyedAggregate(StatefulOperator):
             F.min(v).alias(P_MIN), F.max(v).alias(P_MAX))
 
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
-        if self.keys.schema is None:
-            self.keys.resolve(rows.schema)
+        self.keys.ensure(store, rows)
         if rows.num_rows == 0:
             return self.output_schema.empty_table()
         require_key_groups(rows, self.name)

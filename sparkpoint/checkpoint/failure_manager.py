@@ -99,10 +99,10 @@ class CheckpointFailureManager:
         failure = TolerableCheckpointFailuresExceeded(
             f"{count} consecutive checkpoints failed, more than "
             f"execution.checkpointing.tolerable-failed-checkpoints={self.tolerable}; the last: "
-            f"{what}{by}: {reason.name}: {reason.message}. {reason.action}")
+            f"{what}{by}: {reason.name} ({reason.message}). What to do: {reason.action}")
         if error is not None:
             failure.__cause__ = error
-        log.error("%s Failing the job.", failure)
+        log.error("failing the job: %s", failure)
         self._fail_job(reason, failure)
         return FailureVerdict(FailureOutcome.JOB_FAILED, count)
 

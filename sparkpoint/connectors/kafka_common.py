@@ -77,14 +77,6 @@ def _merge(bootstrap_servers: str, client_config: Mapping[str, Any] | None,
     return merged
 
 
-def admin_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The subset of a client config an AdminClient accepts (no consumer/producer keys)."""
-    consumer_only = ("group.id", "auto.offset.reset", "enable.auto.commit", "isolation.level",
-                     "enable.partition.eof", "enable.auto.offset.store", "fetch.", "queued.",
-                     "session.timeout.ms", "max.poll.interval.ms")
-    return {k: v for k, v in config.items() if not k.startswith(consumer_only)}
-
-
 def spark_connector_jars() -> list[str]:
     """Jars of Spark's own Kafka connector (fetched by `scripts/fetch_kafka.sh
     --spark-connector`), for `spark.jars` when using `reader="spark"`."""

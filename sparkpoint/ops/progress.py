@@ -46,10 +46,10 @@ class ProgressReporter:
     def line(self) -> str:
         job = self.job
         stats = job.coordinator.stats.snapshot()
-        last = stats.get("last_completed") or {}
         chk = "none yet"
-        if last:
-            chk = f"#{last.get('checkpoint_id')} {last.get('duration_ms', 0) / 1000:.2f}s {_fmt_bytes(last.get('bytes'))}"
+        if stats.get("last_completed_id") is not None:
+            chk = (f"#{stats['last_completed_id']} {(stats.get('last_duration_ms') or 0) / 1000:.2f}s "
+                   f"{_fmt_bytes(stats.get('last_size_bytes'))}")
         wm = job._watermark()
         lag = sum(job.source.lag(job.positions).values()) if job.positions else 0
         return (f"[{job.job_name}] {job.status.status.value} epoch {job.epoch} | {self.rate():,.0f} rec/s | "

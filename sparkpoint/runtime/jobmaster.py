@@ -70,6 +70,10 @@ class FailoverRequired(SparkpointError):
     pass
 
 
+class RestoreFailed(SparkpointError):
+    pass
+
+
 @dataclass
 class JobResult:
     status: JobStatus
@@ -112,6 +116,12 @@ class JobMaster:
         self.records = 0
         self.restarts = 0
         self.final_done = False
+        self.restored_from: int | None = None
+        self._bad_checkpoints: dict[int, str] = {}
+        self._restore_futures: list[Future] = []
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._restore_pool = ThreadPoolExecutor(2, thread_name_prefix="restore")
 
     # ------------------------------------------------------------------ participants
     @property
@@ -154,7 +164,7 @@ class JobMaster:
         self.progress = ProgressReporter(self, enabled=s.progress, interval_ms=s.progress_interval_ms)
         if s.metrics_port:
             from prometheus_client import start_http_server
-            start_http_server(s.metrics_port, addr="127.0.0.1", registry=self.coordinator.metrics_registry)
+            start_http_server(s.metrics_port, addr="127.0.0.1", registry=self.coordinator.stats.registry)
         if self._spark is None:
             self._spark = get_or_create_spark(s.spark_master, f"sparkpoint:{self.job_name}", self.P, s.spark_conf)
         self.source.open(SourceContext(self._spark, self.job_name))
@@ -165,7 +175,7 @@ class JobMaster:
         self._stop.set()
 
     def _on_checkpoint_failures_exceeded(self, reason: Any, error: Any = None) -> None:
-        if reason == CheckpointFailureReason.LEASE_LOST or isinstance(error, LeaseLostError):
+        if getattr(reason, "fatal", False) or isinstance(error, LeaseLostError):
             self._on_lease_lost(error if isinstance(error, BaseException) else LeaseLostError(str(error)))
             return
         self._failover_reason = (f"tolerable failed checkpoints exceeded "
@@ -199,6 +209,7 @@ class JobMaster:
             try:
                 self._restore()
                 self.status.transition(JobStatus.RUNNING)
+                self._await_restore()
                 self._epoch_loop()
                 if self._fatal is not None:
                     raise self._fatal
@@ -207,7 +218,7 @@ class JobMaster:
                 else:
                     self.status.transition(JobStatus.FINISHED)
                 return self._result()
-            except (LeaseLostError, NoValidCheckpointError, ConfigError, CorruptCheckpointError) as e:
+            except (LeaseLostError, NoValidCheckpointError, ConfigError) as e:
                 # Not retryable: restarting would hit the same wall (or fight a newer run).
                 self._fail(e)
                 raise
@@ -241,6 +252,7 @@ class JobMaster:
             self.coordinator.shutdown()
             self.gateway.shutdown()
             self.scheduler.shutdown()
+            self._restore_pool.shutdown(wait=True, cancel_futures=True)
         finally:
             self.storage.close(release_lease=self._fatal is None)
             try:
@@ -260,32 +272,29 @@ class JobMaster:
 
     # ------------------------------------------------------------------ restore
     def _restore(self) -> None:
-        """Restore the latest completed checkpoint that verifies; else start fresh
-        (only when there are no checkpoints, or when restore.mode=empty)."""
+        """Pick the latest completed checkpoint not known to be corrupt, rewind sources
+        and recover the sink to it, and start restoring the subtasks' state in the
+        background. While they restore, the job is RUNNING but its state participants
+        are not: a checkpoint triggered then is declined as NOT_ALL_REQUIRED_TASKS_RUNNING,
+        which is never counted as a failure (seed 002)."""
         self.gateway.abort_all_local()
         self.gateway.wait_idle()
         self.gateway.drain_commits()
         self._failover_reason = None
         self.final_done = False
+        self._restore_futures = []
         self.coordinator.restore_latest()
-        candidates = list(reversed(self.coordinator.completed_store.all()))
-        failures: list[str] = []
-        for data in candidates:
-            try:
-                self._restore_from(data)
-                if failures:
-                    log.error("restored from older checkpoint %d because newer ones failed verification: %s",
-                              data.checkpoint_id, "; ".join(failures))
-                return
-            except CorruptCheckpointError as e:
-                failures.append(f"chk-{data.checkpoint_id}: {e}")
-                self.coordinator.report_corrupt_checkpoint(data.checkpoint_id, e)
-        if candidates and self.settings.restore_mode != "empty":
+        completed = list(reversed(self.coordinator.completed_store.all()))
+        candidates = [c for c in completed if c.checkpoint_id not in self._bad_checkpoints]
+        if candidates:
+            self._restore_from(candidates[0])
+            return
+        if completed and self.settings.restore_mode != "empty":
             raise NoValidCheckpointError(
-                f"job {self.job_name} has {len(candidates)} completed checkpoint(s) in {self.storage.url} but none "
-                f"verifies: {'; '.join(failures)}. Nothing was started, so nothing was lost. Inspect them with "
-                f"`sparkpoint doctor {self.settings.checkpoint_dir}`; to start from empty state anyway, pass "
-                f"--set restore.mode=empty (sources replay from their start positions)")
+                f"job {self.job_name} has {len(completed)} completed checkpoint(s) in {self.storage.url} but none "
+                f"restores: {'; '.join(self._bad_checkpoints.values())}. Nothing was started, so nothing was "
+                f"lost. Inspect them with `sparkpoint doctor {self.settings.checkpoint_dir}`; to start from empty "
+                f"state anyway, pass --set restore.mode=empty (sources replay from their start positions)")
         self._start_fresh()
 
     def _start_fresh(self) -> None:
@@ -300,37 +309,58 @@ class JobMaster:
         shutil.rmtree(self.local_root, ignore_errors=True)
         self.epoch = -1
         self.max_event_time = None
+        self.restored_from = None
         self.positions = self.source.initial_positions()
         self.sink.recover(None)
         log.info("job %s starts from scratch (no completed checkpoint)", self.job_name)
 
     def _restore_from(self, data: CompletedCheckpointData) -> None:
-        from sparkpoint.state.restore import restore_snapshot
-
         handles = data.handles
         job = handles[JOB]
         if self.operator is not None:
-            restoring = [self.state_participant(i) for i in range(self.P)]
-            self.gateway.set_restoring(restoring)
-            for i in range(self.P):
-                handle = handles.get(self.state_participant(i))
-                if handle is None:
-                    raise CorruptCheckpointError(
-                        f"checkpoint {data.checkpoint_id} has no state for subtask {i}: it was taken with a "
-                        f"different parallelism; rescaling is not supported yet — run with "
-                        f"parallelism.default={_parallelism_of(handles, self.operator.name)}")
-                target = store_dir(self.local_root, self.operator.name, i)
-                shutil.rmtree(target, ignore_errors=True)
-                local_copy = local_checkpoint_dir(self.local_root, self.operator.name, i, data.checkpoint_id)
-                report = restore_snapshot(handle, self.storage.fs, self.storage.layout, target,
-                                          local_copy_dir=local_copy)
-                log.info("subtask %d restored from checkpoint %d: %s", i, data.checkpoint_id, report)
-                self.gateway.mark_ready(self.state_participant(i))
+            missing = [i for i in range(self.P) if self.state_participant(i) not in handles]
+            if missing:
+                raise ConfigError(
+                    f"checkpoint {data.checkpoint_id} of job {self.job_name} was taken with parallelism "
+                    f"{_parallelism_of(handles, self.operator.name)}, this run has parallelism.default={self.P}; "
+                    f"rescaling a restore is not supported yet: run with the checkpoint's parallelism")
+            self.gateway.set_restoring([self.state_participant(i) for i in range(self.P)])
+            self._restore_futures = [self._restore_pool.submit(self._restore_subtask, data, i)
+                                     for i in range(self.P)]
         self.epoch = int(job["epoch"])
         self.max_event_time = job.get("max_event_time")
+        self.restored_from = data.checkpoint_id
         self.positions = dict(handles[self.source_participant]["positions"])
         self.sink.recover(handles.get(self.sink_participant))
-        log.info("job %s restored checkpoint %d (epoch %d)", self.job_name, data.checkpoint_id, self.epoch)
+        log.info("job %s restores checkpoint %d (epoch %d)", self.job_name, data.checkpoint_id, self.epoch)
+
+    def _restore_subtask(self, data: CompletedCheckpointData, subtask: int) -> None:
+        from sparkpoint.state.restore import restore_snapshot
+
+        participant = self.state_participant(subtask)
+        self.faults.before_restore(participant)
+        target = store_dir(self.local_root, self.operator.name, subtask)
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        local_copy = local_checkpoint_dir(self.local_root, self.operator.name, subtask, data.checkpoint_id)
+        report = restore_snapshot(data.handles[participant], self.storage.fs, self.storage.layout, target,
+                                  local_copy_dir=local_copy if os.path.isdir(local_copy) else None)
+        if getattr(report, "corrupt_local", None):
+            log.error("checkpoint %d, %s: the local recovery copy was corrupt (%s); those files were restored "
+                      "from checkpoint storage instead", data.checkpoint_id, participant, report.corrupt_local)
+        self.gateway.mark_ready(participant)
+
+    def _await_restore(self) -> None:
+        futures, self._restore_futures = self._restore_futures, []
+        for fut in futures:
+            try:
+                fut.result()
+            except CorruptCheckpointError as e:
+                cid = self.restored_from
+                self._bad_checkpoints[cid] = f"chk-{cid}: {e}"
+                log.error("ALARM checkpoint %s of job %s is corrupt and is skipped; falling back to an older "
+                          "retained checkpoint. %s", cid, self.job_name, e)
+                raise RestoreFailed(f"checkpoint {cid} is corrupt: {e}") from e
 
     # ------------------------------------------------------------------ epoch loop
     def _watermark(self) -> int | None:
@@ -395,6 +425,18 @@ class JobMaster:
         from sparkpoint.connectors.base import SlicePlan
 
         self._run_one_epoch(SlicePlan(dict(self.positions), dict(self.positions)), final=True)
+        # Let checkpoints already in flight finish first, so the final one is not
+        # declined as subsumed alongside them.
+        deadline = time.monotonic() + self.settings.checkpoint_timeout_ms / 1000
+        while self.coordinator.pending_checkpoint_ids() and time.monotonic() < deadline:
+            if self._failover_reason:
+                raise FailoverRequired(self._failover_reason)
+            if self._stop.is_set():
+                return
+            if self.gateway.has_barrier():
+                self._run_one_epoch(SlicePlan(dict(self.positions), dict(self.positions)), final=True)
+            else:
+                time.sleep(0.02)
         for attempt in range(1, 11):
             if self._stop.is_set():
                 return
@@ -481,6 +523,7 @@ class JobMaster:
                 log.warning("checkpoint %d: ack of %s dropped by fault injection", checkpoint_id, participant)
                 return
             metrics = dict(uploaded.metrics.to_json())
+            metrics["bytes"] = int(metrics.get("bytes_uploaded", 0))
             metrics["async_ms"] = int((time.monotonic() - started) * 1000)
             self.coordinator.acknowledge(checkpoint_id, participant, uploaded.handle, metrics)
 

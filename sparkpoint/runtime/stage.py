@@ -28,10 +28,17 @@ def run_epoch(spark, df, task: EpochTask | None, event_time_column: str | None, 
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import TimestampNTZType, TimestampType
+
     obs = Observation(f"epoch-{epoch}")
     metrics = [F.count(F.lit(1)).alias("n")]
     if event_time_column:
-        metrics.append(F.max(F.col(event_time_column)).alias("max_ts"))
+        ts = F.col(event_time_column)
+        if isinstance(df.schema[event_time_column].dataType, (TimestampType, TimestampNTZType)):
+            ts = F.unix_millis(ts)
+        metrics.append(F.max(ts).alias("max_ts"))
+    # Observed metrics are collected by the epoch's one action: no extra Spark job.
     df = df.observe(obs, *metrics)
 
     if task is None:  # a stateless pipeline
@@ -40,6 +47,7 @@ def run_epoch(spark, df, task: EpochTask | None, event_time_column: str | None, 
         return EpochResult(out, int(m.get("n", 0)), m.get("max_ts"), {}, {}, {})
 
     op = task.operator
+    op.resolve_input_schema(to_arrow_schema(df.schema))
     keys = [F.col(c) for c in op.key_columns]
     pre = op.pre_aggregate(df)
     kg = F.pmod(F.xxhash64(*keys), F.lit(task.max_parallelism)).cast("int")
@@ -53,7 +61,11 @@ def run_epoch(spark, df, task: EpochTask | None, event_time_column: str | None, 
                                                    F.lit(True).alias(MARKER_COL))
     rows = pre.unionByName(markers, allowMissingColumns=True)
     schema = output_schema_with_meta(op)
-    out = rows.groupBy(SUBTASK_COL).applyInArrow(task, from_arrow_schema(schema)).toArrow()
+
+    def apply_subtask(table: pa.Table) -> pa.Table:  # PySpark inspects a plain function's arity
+        return task(table)
+
+    out = rows.groupBy(SUBTASK_COL).applyInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
     m = obs.get
 
     is_meta = pc.is_valid(out.column(META_SUBTASK))

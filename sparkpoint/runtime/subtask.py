@@ -72,7 +72,11 @@ class EpochTask:
         if not fresh_job and not os.path.isdir(path):
             raise StaleStateError(f"subtask {subtask} of {self.operator.name}: local state {path} is missing "
                                   f"before epoch {self.epoch}; the job restores it from the last checkpoint")
-        store = SubtaskStateStore.open(path, create=fresh_job)
+        from sparkpoint.state.keys import key_group_range
+
+        store = SubtaskStateStore.open(path, create=fresh_job, operator=self.operator.name,
+                                       key_groups=key_group_range(subtask, self.parallelism, self.max_parallelism),
+                                       max_parallelism=self.max_parallelism)
         try:
             have = store.epoch()
             if have == self.epoch:

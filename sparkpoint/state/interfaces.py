@@ -60,6 +60,10 @@ class StatefulOperator(ABC):
     def output_schema(self) -> pa.Schema:
         """Schema of the rows `apply` returns (also the sink's input schema)."""
 
+    def resolve_input_schema(self, schema: pa.Schema) -> None:
+        """Called on the driver with the Arrow schema of the step's input before
+        `output_schema` is read (operators take their key types from it)."""
+
     def pre_aggregate(self, df):  # pyspark DataFrame -> DataFrame
         """Reduce the epoch's rows in Spark before they touch state. Must keep
         `key_columns`. Default: no pre-aggregation."""

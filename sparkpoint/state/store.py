@@ -140,8 +140,11 @@ class SubtaskStateStore:
         try:
             db = rocksdict.Rdict(path, options.to_rocksdict())
         except Exception as e:  # rocksdict raises bare Exception for corruption / lock errors
-            raise StaleStateError(f"cannot open local state at {path}: {e}. Delete the directory; the "
-                                  "driver then restores this subtask from a checkpoint") from e
+            # Corrupt local files (seed 003: "Bad table magic number") must not kill the
+            # job: StaleStateError makes the driver restore this subtask from a checkpoint.
+            raise StaleStateError(f"cannot open local state at {path}: {e}. If another task still "
+                                  "holds it, it is released when that task ends; if it is corrupt, the "
+                                  "driver restores this subtask from a checkpoint") from e
         wanted = StoreFormat(operator=operator,
                              key_groups=(key_groups.start, key_groups.stop) if key_groups else None,
                              max_parallelism=max_parallelism)
@@ -239,6 +242,8 @@ class SubtaskStateStore:
 
     def scan_range(self, start: bytes, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """Entries with start <= key < stop (stop None: to the end), in key order."""
+        if stop is None and not start.startswith(META_PREFIX):
+            stop = META_PREFIX  # user scans never run into store metadata
         ropts = rocksdict.ReadOptions()
         if stop is not None:
             ropts.set_iterate_upper_bound(stop)
@@ -249,8 +254,6 @@ class SubtaskStateStore:
         i = 0
         while it.valid():
             key = it.key()
-            if key.startswith(META_PREFIX) and not start.startswith(META_PREFIX):
-                break
             # Emit overlay keys that sort before the next committed key.
             while i < len(pending) and pending[i] < key:
                 if writes[pending[i]] is not None:

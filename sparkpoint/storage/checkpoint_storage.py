@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
-from sparkpoint.checkpoint.interfaces import CompletedCheckpointData, StateHandle
+from sparkpoint.checkpoint.interfaces import CheckpointLocation, CompletedCheckpointData, StateHandle
 from sparkpoint.errors import (
     CheckpointIdCollision,
     ConfigError,
@@ -88,7 +88,7 @@ class FsCheckpointStorage:
             raise CheckpointIdCollision(self._collision_message(checkpoint_id)) from None
         return FsCheckpointLocation(checkpoint_id, path)
 
-    def commit_metadata(self, location: FsCheckpointLocation, data: CompletedCheckpointData) -> None:
+    def commit_metadata(self, location: CheckpointLocation, data: CompletedCheckpointData) -> None:
         if data.job_name != self.job_name or data.checkpoint_id != location.checkpoint_id:
             raise ValueError(f"metadata for job {data.job_name!r} checkpoint {data.checkpoint_id} "
                              f"does not belong at {location.path} (job {self.job_name!r})")
@@ -108,9 +108,13 @@ class FsCheckpointStorage:
 
     def discard_completed(self, checkpoint_id: int, still_referenced: Sequence[StateHandle]) -> None:
         """Delete checkpoint `checkpoint_id` and the shared files only it referenced.
+        Raises LeaseLostError (deleting nothing) if this run was fenced out.
 
         `still_referenced` must include every handle that may still point at shared files:
         retained checkpoints *and* in-flight ones whose incremental snapshots reuse files."""
+        if self.lease is not None:
+            # A fenced run must not delete files the run that took over may restore from.
+            self.lease.check()
         chk_dir = self.layout.checkpoint(checkpoint_id)
         meta_path = self.layout.metadata(checkpoint_id)
         own_paths: set[str] = set()
@@ -141,6 +145,8 @@ class FsCheckpointStorage:
                 continue
             try:
                 data = metadata.decode(self.fs.read_bytes(meta_path), self.job_name, meta_path)
+            except FileNotFoundError:
+                continue  # discarded between listing and reading
             except (CorruptCheckpointError, ForeignCheckpointError) as e:
                 log.warning("skipping chk-%d: %s", checkpoint_id, e)
                 continue
@@ -155,9 +161,10 @@ class FsCheckpointStorage:
         """Ids of every `chk-<id>` directory, completed or not, ascending."""
         return list_checkpoint_ids(self.fs, self.layout)
 
-    def highest_checkpoint_id(self) -> int:
-        """Highest `chk-<id>` directory present, completed or not; 0 if none."""
-        return highest_checkpoint_dir_id(self.fs, self.layout)
+    def highest_checkpoint_id(self) -> int | None:
+        """Highest `chk-<id>` directory present, completed or not; None if there is none
+        (`SupportsHighestCheckpointId`)."""
+        return highest_checkpoint_dir_id(self.fs, self.layout) or None
 
     def _collision_message(self, checkpoint_id: int) -> str:
         return (f"{self.layout.checkpoint(checkpoint_id)} already exists (left by a crashed run, "
@@ -183,16 +190,25 @@ class JobStorage(NamedTuple):
 
 def open_job_storage(url: str, job_name: str, storage_options: dict[str, Any] | None = None,
                      run_id: str | None = None, *, host: str | None = None, pid: int | None = None,
-                     lease_ttl_s: float = 30.0, clock: Callable[[], float] = time.time) -> JobStorage:
+                     lease_ttl_s: float = 30.0, clock: Callable[[], float] = time.time,
+                     fault_rules: Any = None) -> JobStorage:
     """Build the storage collaborators of one job under checkpoint root `url`.
 
     Nothing is acquired or written: the runtime then calls, in order,
     `lease.acquire()` (+ a LeaseKeeper), `gc.collect_garbage(...)`, `ids.start()`,
-    `checkpoints.load_completed()`. Raises ConfigError for an invalid job name."""
+    `checkpoints.load_completed()`. `fault_rules` (the `sparkpoint.faults` config) wraps
+    storage in a FaultyStorageFS when it holds storage rules. Raises ConfigError for an
+    invalid job name or fault rule."""
     if not valid_job_name(job_name):
         raise ConfigError(f"job name {job_name!r} is invalid: use 1-128 characters from "
                           f"A-Z a-z 0-9 . _ -, starting with a letter or digit")
     fs = StorageFS.from_url(url, storage_options)
+    if fault_rules:
+        from sparkpoint.testing.faults import FaultyStorageFS, parse_fault_rules
+
+        rules = parse_fault_rules(fault_rules)
+        if rules:
+            fs = FaultyStorageFS(fs, rules)
     layout = JobLayout(f"{fs.root}/{job_name}")
     lease = JobLease(fs, layout, run_id or _new_run_id(), host=host, pid=pid,
                      ttl_s=lease_ttl_s, clock=clock)

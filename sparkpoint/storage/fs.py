@@ -49,6 +49,19 @@ def _modified_time(info: dict[str, Any]) -> float | None:
     return None
 
 
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # not supported here (e.g. some network filesystems); the data itself is synced
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class StorageFS:
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str):
         self.fs = fs
@@ -85,10 +98,11 @@ class StorageFS:
         return self._io("list", path, run)
 
     def size(self, path: str) -> int:
-        return self._io("stat", path, lambda: int(self.fs.size(path)))
+        return self.stat(path).size
 
     def stat(self, path: str) -> FileStat:
         def run() -> FileStat:
+            self.fs.invalidate_cache(path)
             info = self.fs.info(path)
             return FileStat(path, int(info.get("size") or 0), _modified_time(info))
         return self._io("stat", path, run)
@@ -124,7 +138,11 @@ class StorageFS:
         self._io("mkdir", path, lambda: self.fs.makedirs(path, exist_ok=True))
 
     def put_file(self, local_path: str, path: str) -> None:
-        self._io("upload", path, lambda: self.fs.put_file(local_path, path))
+        def run() -> None:
+            if self.is_local:  # object stores have no directories to create
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.fs.put_file(local_path, path)
+        self._io("upload", path, run)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         def run() -> None:
@@ -137,6 +155,7 @@ class StorageFS:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
+                _fsync_dir(parent)  # the rename itself must survive a power cut
             else:
                 self.fs.pipe_file(path, data)
         self._io("write", path, run)
@@ -156,9 +175,16 @@ class StorageFS:
                     f.flush()
                     os.fsync(f.fileno())
                 try:
-                    os.link(tmp, path)
+                    try:
+                        os.link(tmp, path)
+                    except FileExistsError:
+                        # NFS may retransmit a link whose first reply was lost and then
+                        # answer EEXIST for our own success: the link count tells (open(2)).
+                        if os.stat(tmp).st_nlink != 2:
+                            raise
                 finally:
                     os.unlink(tmp)
+                _fsync_dir(parent)
             except FileExistsError:
                 raise
             except OSError as e:

@@ -90,6 +90,8 @@ def _read_metadata(fs: StorageFS, layout: JobLayout, checkpoint_id: int
         return None, None
     try:
         data = metadata.decode(fs.read_bytes(path), layout.job_name, path)
+    except FileNotFoundError:
+        return None, None  # discarded between listing and reading
     except (CorruptCheckpointError, ForeignCheckpointError) as e:
         return None, str(e)
     if data.checkpoint_id != checkpoint_id:

@@ -6,8 +6,9 @@ A rule says *which* storage operations misbehave and *how*:
 
 - op: write | create_exclusive | upload | read | delete | mkdir | list | any
   (read = content reads: read_bytes, get_file, sha256; list = ls, find, exists, size, stat)
-- path: a glob matched against the full storage path and the path relative to the
-  storage root (`*` also crosses `/`); or a regex with a "re:" prefix or `path_regex`.
+- path: a glob matched against the full storage path and against the path relative to
+  the checkpoint root, which starts with the job name ("orders/chk-3/_metadata"); `*`
+  also crosses `/`. Or a regex (searched) with a "re:" prefix or as `path_regex`.
 - checkpoints: ids parsed from the `chk-<id>` directory in the path; omitted/null = any path.
 - action: "fail" (raise StorageError "injected fault: ..."), "slow" with "seconds"
   (or "slow(2.5)"), or "truncate": the operation *succeeds* with the first half of the
@@ -15,7 +16,8 @@ A rule says *which* storage operations misbehave and *how*:
 - times: how often the rule fires before it retires; omitted/null = unlimited.
 
 Rules are checked in insertion order; the first match fires. They can be added and
-removed while the job runs (thread-safe).
+removed while the job runs (thread-safe). In the `sparkpoint.faults` config list,
+rules with a "participant" key are participant faults and are skipped here.
 """
 
 from __future__ import annotations
@@ -160,6 +162,8 @@ def parse_fault_rules(config: str | Mapping[str, Any] | Iterable[Mapping[str, An
     for item in config:
         if not isinstance(item, Mapping):
             raise ConfigError(f"a fault rule must be a mapping, got {item!r}")
+        if "participant" in item:
+            continue  # a participant fault (testing/participant_faults.py) in the same list
         rules.append(FaultRule.from_config(item))
     return rules
 

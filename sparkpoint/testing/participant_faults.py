@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 from sparkpoint.errors import ConfigError
 
-ACTIONS = ("sync_error", "async_error", "lose_ack", "slow_ack")
+ACTIONS = ("sync_error", "async_error", "lose_ack", "slow_ack", "slow_restore")
 
 
 class InjectedFault(Exception):
@@ -102,6 +102,20 @@ class ParticipantFaults:
             cancel.wait(slow.seconds)
         if self._fire(participant, checkpoint_id, "async_error"):
             raise InjectedFault(f"injected fault: asynchronous part of {participant} for checkpoint {checkpoint_id}")
+
+    def before_restore(self, participant: str) -> None:
+        """`slow_restore` keeps a participant RESTORING for `seconds` (seed 002 rehearsal);
+        restore rules match any checkpoint id."""
+        with self._lock:
+            rule = next((r for r in self._rules if r.action == "slow_restore"
+                         and fnmatch.fnmatchcase(participant, r.participant)
+                         and (r.times is None or r.fired < r.times)), None)
+            if rule:
+                rule.fired += 1
+        if rule:
+            import time
+
+            time.sleep(rule.seconds)
 
     def lose_ack(self, participant: str, checkpoint_id: int) -> bool:
         return self._fire(participant, checkpoint_id, "lose_ack") is not None

@@ -1,0 +1,439 @@
+"""Arbitrary keyed state, shaped after PySpark's `transformWithStateInPandas`.
+
+A user writes a `StatefulProcessor` exactly as for PySpark (camelCase methods work;
+snake_case ones too) and wraps it in `ProcessorOperator`. Per epoch and subtask:
+
+  1. a fresh processor is made and `init(handle)` declares its state variables,
+  2. for every key with rows this epoch (in key order), `handle_input_rows(key, rows,
+     timer_values)` runs with the key's rows as one pandas DataFrame (PySpark's
+     `handleInputRows` gets an iterator holding that one DataFrame),
+  3. due timers fire in timestamp order (event time: timestamp <= watermark;
+     processing time: timestamp <= processing time; `ctx.final`: all), each through
+     `handle_expired_timer(key, timer_values, expired_timer_info)`; a timer is deleted
+     before its callback runs, so the callback may register it again,
+  4. `close()`; all yielded DataFrames are checked against `output_schema`.
+
+State objects are scoped to the key being processed, like PySpark's. Every write is
+part of the epoch's atomic commit; nothing is pickled (values follow declared schemas).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Iterator, Literal
+
+import msgpack
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from sparkpoint.api.aggregate import KeySchema, require_key_groups
+from sparkpoint.errors import ConfigError, StateSchemaError
+from sparkpoint.state.codec import RowCodec, SchemaLike, parse_schema
+from sparkpoint.state.interfaces import KEY_GROUP_COL, MARKER_COL, SUBTASK_COL, EpochContext, StatefulOperator
+from sparkpoint.state.keys import (decode_timestamp, encode_timestamp, encode_user_keys, group_prefix,
+                                   key_columns_from_plain, key_group_range, namespace, plain_key_tuples)
+
+TimeMode = Literal["eventtime", "processingtime", "none"]
+_NS_TIMERS = namespace("~timers")             # <group><ns><ts><user key> -> key tuple
+_NS_TIMERS_BY_KEY = namespace("~timers-key")  # <group><ns><user key><ts> -> b""
+_MAX_FIRING_ROUNDS = 100
+
+
+class TimerValues:
+    """Current processing time and watermark (ms; -1 when not available)."""
+
+    def __init__(self, currentProcessingTimeInMs: int = -1, currentWatermarkInMs: int = -1) -> None:
+        self.current_processing_time_ms = currentProcessingTimeInMs
+        self.current_watermark_ms = currentWatermarkInMs
+
+    def getCurrentProcessingTimeInMs(self) -> int:
+        return self.current_processing_time_ms
+
+    def getCurrentWatermarkInMs(self) -> int:
+        return self.current_watermark_ms
+
+
+class ExpiredTimerInfo:
+    def __init__(self, expiryTimeInMs: int = -1) -> None:
+        self.expiry_time_ms = expiryTimeInMs
+
+    def getExpiryTimeInMs(self) -> int:
+        return self.expiry_time_ms
+
+
+class StatefulProcessor:
+    """Override `init` and `handle_input_rows` (or PySpark's `handleInputRows`), and
+    optionally `handle_expired_timer` / `handleExpiredTimer` and `close`."""
+
+    def init(self, handle: "StatefulProcessorHandle") -> None:
+        pass
+
+    def handle_input_rows(self, key: tuple, rows: pd.DataFrame,
+                          timer_values: TimerValues) -> Iterator[pd.DataFrame]:
+        if type(self).handleInputRows is StatefulProcessor.handleInputRows:
+            raise NotImplementedError(f"{type(self).__name__} must define handle_input_rows "
+                                      "(or PySpark's handleInputRows)")
+        return self.handleInputRows(key, iter([rows]), timer_values)
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
+                        timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        raise NotImplementedError
+
+    def handle_expired_timer(self, key: tuple, timer_values: TimerValues,
+                             expired_timer_info: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        return self.handleExpiredTimer(key, timer_values, expired_timer_info)
+
+    def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
+                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        return iter(())
+
+    def close(self) -> None:
+        pass
+
+
+# -- per-key scope ---------------------------------------------------------------------
+class _CurrentKey:
+    """The key being processed; state objects read it on every call."""
+
+    def __init__(self) -> None:
+        self.group: int | None = None
+        self.user_key = b""
+        self.plain: tuple = ()
+
+    def prefix(self, ns: bytes) -> bytes:
+        if self.group is None:
+            raise ConfigError("state and timers can only be used while a key is processed "
+                              "(in handle_input_rows / handle_expired_timer), not in init")
+        return group_prefix(self.group, ns) + self.user_key
+
+
+class ValueState:
+    def __init__(self, store, current: _CurrentKey, ns: bytes, codec: RowCodec):
+        self._store, self._current, self._ns, self._codec = store, current, ns, codec
+
+    def exists(self) -> bool:
+        return self._store.get(self._current.prefix(self._ns)) is not None
+
+    def get(self) -> tuple | None:
+        raw = self._store.get(self._current.prefix(self._ns))
+        return None if raw is None else self._codec.decode(raw)
+
+    def update(self, newValue: Any) -> None:
+        self._store.put(self._current.prefix(self._ns), self._codec.encode(newValue))
+
+    def clear(self) -> None:
+        self._store.delete(self._current.prefix(self._ns))
+
+
+class ListState:
+    """One stored entry per element, so appends cost O(1):
+    <group><ns><user key>             -> next sequence number (8 bytes)
+    <group><ns><user key><seq: 8 BE>  -> element row
+    The exact prefix key sorts before its elements, so one prefix scan reads the list."""
+
+    def __init__(self, store, current: _CurrentKey, ns: bytes, codec: RowCodec):
+        self._store, self._current, self._ns, self._codec = store, current, ns, codec
+
+    def exists(self) -> bool:
+        return self._store.get(self._current.prefix(self._ns)) is not None
+
+    def get(self) -> Iterator[tuple]:
+        head = self._current.prefix(self._ns)
+        return iter([self._codec.decode(v) for k, v in list(self._store.scan_prefix(head)) if k != head])
+
+    def put(self, newState: Iterable[Any]) -> None:
+        rows = [self._codec.encode(v) for v in newState]  # validate before touching state
+        self.clear()
+        self._append(rows)
+
+    def appendValue(self, newState: Any) -> None:
+        self._append([self._codec.encode(newState)])
+
+    def appendList(self, newState: Iterable[Any]) -> None:
+        self._append([self._codec.encode(v) for v in newState])
+
+    def clear(self) -> None:
+        head = self._current.prefix(self._ns)
+        self._store.delete_many([k for k, _ in list(self._store.scan_prefix(head))])
+
+    def _append(self, encoded: list[bytes]) -> None:
+        if not encoded:
+            return  # PySpark: an empty list state does not exist
+        head = self._current.prefix(self._ns)
+        raw = self._store.get(head)
+        seq = 0 if raw is None else int.from_bytes(raw, "big")
+        self._store.put_many([head + (seq + i).to_bytes(8, "big") for i in range(len(encoded))], encoded)
+        self._store.put(head, (seq + len(encoded)).to_bytes(8, "big"))
+
+
+class MapState:
+    """One stored entry per map key: <group><ns><user key><encoded map key> -> value."""
+
+    def __init__(self, store, current: _CurrentKey, ns: bytes, key_codec: RowCodec, value_codec: RowCodec):
+        self._store, self._current, self._ns = store, current, ns
+        self._key_codec, self._value_codec = key_codec, value_codec
+
+    def exists(self) -> bool:
+        return self._store.has_prefix(self._current.prefix(self._ns))
+
+    def getValue(self, key: Any) -> tuple | None:
+        raw = self._store.get(self._entry(key))
+        return None if raw is None else self._value_codec.decode(raw)
+
+    def containsKey(self, key: Any) -> bool:
+        return self._store.get(self._entry(key)) is not None
+
+    def updateValue(self, key: Any, value: Any) -> None:
+        self._store.put(self._entry(key), self._value_codec.encode(value))
+
+    def iterator(self) -> Iterator[tuple[tuple, tuple]]:
+        prefix = self._current.prefix(self._ns)
+        entries = list(self._store.scan_prefix(prefix))
+        return iter([(self._key_codec.decode(k[len(prefix):]), self._value_codec.decode(v)) for k, v in entries])
+
+    def keys(self) -> Iterator[tuple]:
+        return (k for k, _ in self.iterator())
+
+    def values(self) -> Iterator[tuple]:
+        return (v for _, v in self.iterator())
+
+    def removeKey(self, key: Any) -> None:
+        self._store.delete(self._entry(key))
+
+    def clear(self) -> None:
+        prefix = self._current.prefix(self._ns)
+        self._store.delete_many([k for k, _ in list(self._store.scan_prefix(prefix))])
+
+    def _entry(self, key: Any) -> bytes:
+        # The codec normalizes values to the declared types, so equal keys encode equally.
+        return self._current.prefix(self._ns) + self._key_codec.encode(key)
+
+
+class StatefulProcessorHandle:
+    """Declares state variables and manages the current key's timers."""
+
+    def __init__(self, store, processor_name: str, time_mode: TimeMode):
+        self._store = store
+        self._processor = processor_name
+        self._time_mode = time_mode
+        self._current = _CurrentKey()
+        self._declared: dict[str, str] = {}
+
+    # -- state variables -----------------------------------------------------------------
+    def getValueState(self, stateName: str, schema: SchemaLike, ttlDurationMs: int | None = None) -> ValueState:
+        ns = self._declare(stateName, "value", ttlDurationMs)
+        return ValueState(self._store, self._current, ns, RowCodec(stateName, schema))
+
+    def getListState(self, stateName: str, schema: SchemaLike, ttlDurationMs: int | None = None) -> ListState:
+        ns = self._declare(stateName, "list", ttlDurationMs)
+        return ListState(self._store, self._current, ns, RowCodec(stateName, schema))
+
+    def getMapState(self, stateName: str, userKeySchema: SchemaLike, valueSchema: SchemaLike,
+                    ttlDurationMs: int | None = None) -> MapState:
+        ns = self._declare(stateName, "map", ttlDurationMs)
+        return MapState(self._store, self._current, ns, RowCodec(f"{stateName} (map key)", userKeySchema),
+                        RowCodec(stateName, valueSchema))
+
+    def _declare(self, name: str, kind: str, ttl: int | None) -> bytes:
+        if ttl is not None:
+            raise ConfigError(f"processor {self._processor!r}: state {name!r} asks for a TTL, which "
+                              "sparkpoint does not support yet; clear the state from a timer instead")
+        if self._declared.setdefault(name, kind) != kind:
+            raise ConfigError(f"processor {self._processor!r}: state {name!r} is declared as both "
+                              f"{self._declared[name]} and {kind} state; use distinct names")
+        # Each kind has its own namespace: changing a state's kind never misreads old bytes.
+        return namespace(f"{kind}:{name}")
+
+    # -- timers ----------------------------------------------------------------------------
+    def registerTimer(self, expiryTimestampMs: int) -> None:
+        self._require_timers()
+        ts = int(expiryTimestampMs)
+        self._store.put(self._current.prefix(_NS_TIMERS_BY_KEY) + encode_timestamp(ts), b"")
+        self._store.put(group_prefix(self._current.group, _NS_TIMERS) + encode_timestamp(ts) + self._current.user_key,
+                        msgpack.packb(list(self._current.plain), use_bin_type=True))
+
+    def deleteTimer(self, expiryTimestampMs: int) -> None:
+        self._require_timers()
+        ts = int(expiryTimestampMs)
+        self._store.delete(self._current.prefix(_NS_TIMERS_BY_KEY) + encode_timestamp(ts))
+        self._store.delete(group_prefix(self._current.group, _NS_TIMERS) + encode_timestamp(ts)
+                           + self._current.user_key)
+
+    def listTimers(self) -> Iterator[int]:
+        prefix = self._current.prefix(_NS_TIMERS_BY_KEY)
+        return iter([decode_timestamp(k[len(prefix):]) for k, _ in list(self._store.scan_prefix(prefix))])
+
+    def _require_timers(self) -> None:
+        if self._time_mode == "none":
+            raise ConfigError(f"processor {self._processor!r} uses timers but its time_mode is 'none'; "
+                              "use time_mode='eventtime' or 'processingtime'")
+        self._current.prefix(b"")  # raises outside a key's scope
+
+
+def _is_processor(obj: Any) -> bool:
+    return not isinstance(obj, type) and (isinstance(obj, StatefulProcessor) or hasattr(obj, "handleInputRows"))
+
+
+class _ForeignProcessor(StatefulProcessor):
+    """Runs a processor written against pyspark's StatefulProcessor class unchanged."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self._inner.init(handle)
+
+    def handleInputRows(self, key, rows, timerValues):
+        return self._inner.handleInputRows(key, rows, timerValues)
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        fn = getattr(self._inner, "handleExpiredTimer", None)
+        return fn(key, timerValues, expiredTimerInfo) if fn else iter(())
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+# -- the operator ----------------------------------------------------------------------
+class ProcessorOperator(StatefulOperator):
+    def __init__(self, name: str, processor_factory: Callable[[], StatefulProcessor] | StatefulProcessor,
+                 key_columns: list[str], output_schema: SchemaLike, time_mode: str = "none", *,
+                 key_schema: SchemaLike | None = None):
+        mode = str(time_mode).lower().replace("_", "").replace("-", "")
+        if mode not in ("eventtime", "processingtime", "none"):
+            raise ConfigError(f"ProcessorOperator {name!r}: time_mode {time_mode!r} must be 'eventtime', "
+                              "'processingtime' or 'none'")
+        if not key_columns:
+            raise ConfigError(f"ProcessorOperator {name!r} needs at least one key column")
+        self.name = name
+        self.key_columns = list(key_columns)
+        self.time_mode: TimeMode = mode  # type: ignore[assignment]
+        self._factory = processor_factory
+        self._output_schema = parse_schema(output_schema, f"output_schema of processor {name!r}")
+        self.keys = KeySchema(name, key_columns, key_schema)
+
+    def resolve_input_schema(self, schema: pa.Schema) -> None:
+        self.keys.resolve(schema)
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        return self._output_schema
+
+    def _new_processor(self) -> StatefulProcessor:
+        p = self._factory if _is_processor(self._factory) else self._factory()  # type: ignore[operator]
+        if isinstance(p, StatefulProcessor):
+            return p
+        if _is_processor(p):  # e.g. a subclass of pyspark's own StatefulProcessor
+            return _ForeignProcessor(p)
+        raise ConfigError(f"processor_factory of {self.name!r} returned {type(p).__name__}, "
+                          "not a StatefulProcessor")
+
+    def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
+        self.keys.ensure(store, rows)
+        processor = self._new_processor()
+        handle = StatefulProcessorHandle(store, self.name, self.time_mode)
+        timer_values = TimerValues(ctx.processing_time_ms,
+                                   ctx.watermark_ms if ctx.watermark_ms is not None else -1)
+        outputs: list[pa.Table] = []
+        processor.init(handle)
+        try:
+            if rows.num_rows:
+                self._process_rows(processor, handle, rows, timer_values, outputs)
+            self._fire_timers(processor, handle, ctx, timer_values, outputs)
+        finally:
+            processor.close()
+        return pa.concat_tables(outputs) if outputs else self._output_schema.empty_table()
+
+    def _process_rows(self, processor: StatefulProcessor, handle: StatefulProcessorHandle, rows: pa.Table,
+                      timer_values: TimerValues, outputs: list[pa.Table]) -> None:
+        require_key_groups(rows, self.name)
+        user_keys = encode_user_keys(rows, self.key_columns)
+        codes, uniques = pd.factorize(pd.Series(user_keys, dtype=object), sort=True)
+        order = np.argsort(codes, kind="stable")
+        bounds = np.flatnonzero(np.diff(codes[order])) + 1
+        groups = np.split(order, bounds)
+        firsts = pa.array([int(g[0]) for g in groups], type=pa.int64())
+        key_values = list(zip(*[rows.column(c).take(firsts).to_pylist() for c in self.key_columns]))
+        plain = plain_key_tuples(rows.take(firsts), self.key_columns)
+        key_groups = rows.column(KEY_GROUP_COL).take(firsts).to_pylist()
+        user_columns = [c for c in rows.column_names if c not in (KEY_GROUP_COL, MARKER_COL, SUBTASK_COL)]
+        frame = rows.select(user_columns).to_pandas()
+        for idx, key, pk, kg, uk in zip(groups, key_values, plain, key_groups, uniques):
+            self._enter(handle, kg, uk, pk)
+            key_rows = frame.iloc[idx].reset_index(drop=True)
+            self._collect(processor.handle_input_rows(key, key_rows, timer_values), outputs)
+
+    def _fire_timers(self, processor: StatefulProcessor, handle: StatefulProcessorHandle, ctx: EpochContext,
+                     timer_values: TimerValues, outputs: list[pa.Table]) -> None:
+        due = self._due_time(ctx)
+        if due is None:
+            return
+        groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
+        for _ in range(_MAX_FIRING_ROUNDS):
+            timers = self._due_timers(handle._store, groups, due)
+            if not timers:
+                return
+            for ts, kg, uk, pk in timers:
+                self._enter(handle, kg, uk, tuple(pk))
+                handle.deleteTimer(ts)
+                key = self._key_from_plain(pk)
+                self._collect(processor.handle_expired_timer(key, timer_values, ExpiredTimerInfo(ts)), outputs)
+        raise ConfigError(f"processor {self.name!r} kept registering due timers for {_MAX_FIRING_ROUNDS} "
+                          "rounds in one epoch; register timers in the future of the current time")
+
+    def _due_time(self, ctx: EpochContext) -> float | None:
+        if self.time_mode == "none":
+            return None
+        if ctx.final:
+            return math.inf
+        if self.time_mode == "eventtime":
+            return ctx.watermark_ms
+        return ctx.processing_time_ms
+
+    @staticmethod
+    def _due_timers(store, groups: range, due: float) -> list[tuple[int, int, bytes, list]]:
+        found = []
+        for g in groups:
+            prefix = group_prefix(g, _NS_TIMERS)
+            stop = None if due == math.inf else prefix + encode_timestamp(int(due) + 1)
+            entries = store.scan_range(prefix, stop) if stop else store.scan_prefix(prefix)
+            for key, value in list(entries):
+                ts = decode_timestamp(key[len(prefix):])
+                found.append((ts, g, key[len(prefix) + 8:], msgpack.unpackb(value, raw=False)))
+        found.sort(key=lambda t: (t[0], t[2]))  # timestamp order; key order within a timestamp
+        return found
+
+    def _key_from_plain(self, plain: list) -> tuple:
+        arrays = key_columns_from_plain([tuple(plain)], self.keys.fields())
+        return tuple(a[0].as_py() for a in arrays)
+
+    @staticmethod
+    def _enter(handle: StatefulProcessorHandle, key_group: int, user_key: bytes, plain: tuple) -> None:
+        handle._current.group, handle._current.user_key, handle._current.plain = int(key_group), user_key, plain
+
+    def _collect(self, produced: Iterable[Any] | None, outputs: list[pa.Table]) -> None:
+        for item in produced or ():
+            outputs.append(self._to_arrow(item))
+
+    def _to_arrow(self, item: Any) -> pa.Table:
+        schema = self._output_schema
+        if isinstance(item, (pa.Table, pa.RecordBatch)):
+            item = item.to_pandas()
+        if not isinstance(item, pd.DataFrame):
+            raise StateSchemaError(f"processor {self.name!r} yielded {type(item).__name__}; yield pandas "
+                                   "DataFrames with the columns of output_schema")
+        if set(item.columns) != set(schema.names):
+            raise StateSchemaError(f"processor {self.name!r} produced columns {list(item.columns)}, but its "
+                                   f"output_schema has {schema.names}")
+        columns = []
+        for f in schema:
+            try:
+                columns.append(pa.array(item[f.name], type=f.type, from_pandas=True))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+                raise StateSchemaError(f"processor {self.name!r}: output column {f.name!r} does not fit "
+                                       f"{f.type}: {e}") from None
+            if not f.nullable and columns[-1].null_count:
+                raise StateSchemaError(f"processor {self.name!r}: output column {f.name!r} is NOT NULL "
+                                       "but has nulls")
+        return pa.Table.from_arrays(columns, schema=schema)

@@ -1,0 +1,254 @@
+"""`TumblingWindow`: per-key event-time tumbling windows with Flink's lateness rules.
+
+Per epoch with watermark W (`ctx.watermark_ms`):
+  1. merge: Spark pre-aggregates each epoch to one partial per (key, window_start);
+     a partial whose window_end + allowed_lateness <= W is late beyond lateness: it is
+     dropped and counted (`dropped_count(store)`); the others are merged into state.
+  2. fire: every window not yet fired with window_end <= W is emitted once; a window
+     that already fired and was updated in step 1 (late within lateness) is emitted
+     again with its updated totals (Flink's late firing).
+  3. clean up: a window's state is deleted once window_end + allowed_lateness <= W —
+     exactly when any further partial for it would be dropped.
+`ctx.final` fires and cleans up every window. Firing and clean-up are range scans over
+timer indexes keyed by time (per key group), never full scans.
+
+Output columns: the key columns, window_start and window_end (epoch ms, BIGINT),
+count [, sum of `value_column`]. Windows are [start, end), start = t - t mod size.
+
+Event time and the watermark: the runtime computes the epoch's largest event time
+with its own Spark aggregate over `event_time_ms(df)` (before `pre_aggregate`), and
+passes the resulting watermark in `EpochContext.watermark_ms`. With no watermark
+(None) nothing fires or is dropped until `ctx.final`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkpoint.api.aggregate import KeySchema, parse_value_type, require_key_groups
+from sparkpoint.errors import ConfigError
+from sparkpoint.state.codec import FixedWidthCodec
+from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
+from sparkpoint.state.keys import (encode_state_keys, encode_timestamp, group_prefix, key_columns_from_plain,
+                                   key_group_range, namespace, plain_key_tuples)
+
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+P_COUNT, P_SUM = "__count", "__sum"
+_NS_WINDOW = namespace("win")
+_NS_FIRE = namespace("win-fire")
+_NS_CLEANUP = namespace("win-cleanup")
+_DROPPED_META = "dropped"
+
+
+def _duration_ms(value: Any, what: str) -> int:
+    from sparkpoint.config import parse_duration_ms
+
+    try:
+        return parse_duration_ms(value)
+    except ValueError as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
+class TumblingWindow(StatefulOperator):
+    def __init__(self, name: str, key_columns: Sequence[str], time_column: str,
+                 size_ms: int | str | None = None, allowed_lateness_ms: int | str = 0,
+                 aggs: Sequence[str] = ("count",), value_column: str | None = None, *,
+                 size: int | str | None = None, allowed_lateness: int | str | None = None,
+                 value_type: str | pa.DataType = "double", key_schema: Any = None):
+        if (size_ms is None) == (size is None):
+            raise ConfigError(f"TumblingWindow {name!r}: give the window size once, as size_ms=60000 "
+                              "or size='60 s'")
+        self.size_ms = _duration_ms(size_ms if size is None else size, f"TumblingWindow {name!r} size")
+        self.allowed_lateness_ms = _duration_ms(allowed_lateness_ms if allowed_lateness is None
+                                                else allowed_lateness, f"TumblingWindow {name!r} lateness")
+        if self.size_ms <= 0 or self.allowed_lateness_ms < 0:
+            raise ConfigError(f"TumblingWindow {name!r}: size must be > 0 and allowed lateness >= 0 "
+                              f"(got {self.size_ms} ms, {self.allowed_lateness_ms} ms)")
+        if tuple(aggs) not in (("count",), ("count", "sum")):
+            raise ConfigError(f"TumblingWindow {name!r}: aggs must be ('count',) or ('count', 'sum'), "
+                              f"got {tuple(aggs)}")
+        if "sum" in aggs and value_column is None:
+            raise ConfigError(f"TumblingWindow {name!r}: aggs include 'sum' but value_column is not set")
+        clash = [c for c in key_columns if c in (WINDOW_START, WINDOW_END, "count", "sum")]
+        if clash:
+            raise ConfigError(f"TumblingWindow {name!r}: key column(s) {clash} clash with output columns")
+        self.name = name
+        self.key_columns = list(key_columns)
+        self.time_column = time_column
+        self.aggs = tuple(aggs)
+        self.value_column = value_column
+        self.value_type = parse_value_type(value_type)
+        self.keys = KeySchema(name, key_columns, key_schema)
+        kind = "f8" if pa.types.is_floating(self.value_type) else "i8"
+        self._codec = FixedWidthCodec(name, [("count", "i8"), ("sum", kind), ("fired", "i8")])
+
+    def resolve_input_schema(self, schema: pa.Schema) -> None:
+        self.keys.resolve(schema)
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        fields = [*self.keys.fields(), pa.field(WINDOW_START, pa.int64()), pa.field(WINDOW_END, pa.int64()),
+                  pa.field("count", pa.int64())]
+        if "sum" in self.aggs:
+            fields.append(pa.field("sum", self.value_type))
+        return pa.schema(fields)
+
+    # -- Spark side -------------------------------------------------------------------
+    def event_time_ms(self, df):
+        """The event time of `df`'s rows in epoch ms, as a Spark Column (timestamp or
+        integer ms time columns)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import TimestampType, TimestampNTZType
+
+        col = F.col(self.time_column)
+        if isinstance(df.schema[self.time_column].dataType, (TimestampType, TimestampNTZType)):
+            return F.unix_millis(col)
+        return col.cast("bigint")
+
+    def pre_aggregate(self, df):
+        from pyspark.sql import functions as F
+
+        ms = self.event_time_ms(df)
+        start = (ms - F.pmod(ms, F.lit(self.size_ms))).alias(WINDOW_START)  # exact floor, also < 0
+        aggs = [F.count(F.lit(1)).alias(P_COUNT)]
+        if "sum" in self.aggs:
+            aggs.append(F.sum(F.col(self.value_column).cast(
+                "double" if pa.types.is_floating(self.value_type) else "bigint")).alias(P_SUM))
+        return df.groupBy(*self.key_columns, start).agg(*aggs)
+
+    # -- worker side ------------------------------------------------------------------
+    @staticmethod
+    def dropped_count(store) -> int:
+        """Rows dropped so far as late beyond the allowed lateness (committed + this epoch)."""
+        raw = store.get_meta(_DROPPED_META)
+        return 0 if raw is None else int.from_bytes(raw, "big")
+
+    def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
+        self.keys.ensure(store, rows)
+        watermark = None if ctx.final else ctx.watermark_ms
+        emitted: list[pa.Table] = []
+        if rows.num_rows:
+            require_key_groups(rows, self.name)
+            emitted.append(self._merge(store, self._partials(rows), ctx.watermark_ms))
+        groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
+        if ctx.final or watermark is not None:
+            emitted.append(self._fire(store, groups, watermark))
+            self._clean_up(store, groups, watermark)
+        out = pa.concat_tables([t for t in emitted if t.num_rows] or [self.output_schema.empty_table()])
+        return out.sort_by([(WINDOW_START, "ascending"), *[(k, "ascending") for k in self.key_columns]])
+
+    def _partials(self, rows: pa.Table) -> pa.Table:
+        if WINDOW_START in rows.column_names:
+            starts = rows.column(WINDOW_START).cast(pa.int64())
+            counts = rows.column(P_COUNT).cast(pa.int64())
+            sums = rows.column(P_SUM) if P_SUM in rows.column_names else None
+        else:  # raw rows: one partial each
+            t = rows.column(self.time_column)
+            ms = t.cast(pa.timestamp("ms", tz=t.type.tz)).cast(pa.int64()) if pa.types.is_timestamp(t.type) \
+                else t.cast(pa.int64())
+            ms_np = pc.fill_null(ms, 0).to_numpy()
+            starts = pa.array(ms_np - np.mod(ms_np, self.size_ms), mask=pc.is_null(ms).to_numpy(zero_copy_only=False))
+            counts = pa.array(np.ones(rows.num_rows, dtype=np.int64))
+            sums = rows.column(self.value_column) if self.value_column else None
+        if sums is None:
+            sums = pa.array(np.zeros(rows.num_rows), type=self.value_type)
+        table = rows.select([*self.key_columns, KEY_GROUP_COL]).append_column(WINDOW_START, starts) \
+            .append_column(P_COUNT, counts).append_column(P_SUM, pc.fill_null(sums.cast(self.value_type), 0))
+        # Rows without an event time belong to no window.
+        table = table.filter(pc.is_valid(table.column(WINDOW_START)))
+        grouped = table.group_by([*self.key_columns, KEY_GROUP_COL, WINDOW_START], use_threads=False) \
+            .aggregate([(P_COUNT, "sum"), (P_SUM, "sum")])
+        return grouped.rename_columns({f"{P_COUNT}_sum": P_COUNT, f"{P_SUM}_sum": P_SUM})
+
+    def _merge(self, store, partials: pa.Table, watermark: int | None) -> pa.Table:
+        """Merge partials into window state; return the re-fired (late-updated) windows."""
+        starts = partials.column(WINDOW_START).to_numpy()
+        ends = starts + self.size_ms
+        if watermark is not None:
+            late = ends + self.allowed_lateness_ms <= watermark
+            if late.any():
+                dropped = int(partials.column(P_COUNT).to_numpy()[late].sum())
+                store.put_meta(_DROPPED_META, (self.dropped_count(store) + dropped).to_bytes(8, "big"))
+                partials = partials.filter(pa.array(~late))
+                starts, ends = starts[~late], ends[~late]
+        if partials.num_rows == 0:
+            return self.output_schema.empty_table()
+        keys = encode_state_keys(partials, self.key_columns, KEY_GROUP_COL, _NS_WINDOW, WINDOW_START)
+        stored = store.get_many(keys)
+        totals = np.zeros(partials.num_rows, dtype=self._codec.dtype)
+        totals["count"] = partials.column(P_COUNT).to_numpy()
+        totals["sum"] = partials.column(P_SUM).to_numpy()
+        found = np.fromiter((v is not None for v in stored), dtype=bool, count=len(stored))
+        if found.any():
+            idx = np.flatnonzero(found)
+            old = self._codec.decode_many([v for v in stored if v is not None])
+            totals["count"][idx] += old["count"]
+            totals["sum"][idx] += old["sum"]
+            totals["fired"][idx] = old["fired"]
+        store.put_many(keys, self._codec.encode_many(totals))
+        self._index_new_windows(store, partials, ends, ~found)
+        refired = np.flatnonzero(totals["fired"] == 1)
+        return self._rows(partials.select(self.key_columns).take(refired), starts[refired], totals[refired])
+
+    def _index_new_windows(self, store, partials: pa.Table, ends: np.ndarray, new: np.ndarray) -> None:
+        idx = np.flatnonzero(new)
+        if not len(idx):
+            return
+        fresh = partials.take(idx)
+        user_keys = [k[len(_NS_WINDOW) + 2:-8] for k in
+                     encode_state_keys(fresh, self.key_columns, KEY_GROUP_COL, _NS_WINDOW, WINDOW_START)]
+        groups = fresh.column(KEY_GROUP_COL).to_pylist()
+        tuples = plain_key_tuples(fresh, self.key_columns)
+        for g, uk, kt, end in zip(groups, user_keys, tuples, ends[idx].tolist()):
+            store.put(group_prefix(g, _NS_FIRE) + encode_timestamp(end) + uk,
+                      msgpack.packb(list(kt), use_bin_type=True))
+            store.put(group_prefix(g, _NS_CLEANUP) + encode_timestamp(end + self.allowed_lateness_ms) + uk, b"")
+
+    def _fire(self, store, groups: range, watermark: int | None) -> pa.Table:
+        """Emit (once) every unfired window with end <= watermark (all when None)."""
+        index_keys, state_keys, tuples, starts = [], [], [], []
+        for g in groups:
+            prefix = group_prefix(g, _NS_FIRE)
+            stop = None if watermark is None else prefix + encode_timestamp(watermark + 1)
+            for key, value in list(store.scan_range(prefix, stop) if stop else store.scan_prefix(prefix)):
+                end = int.from_bytes(key[len(prefix):len(prefix) + 8], "big") - (1 << 63)
+                user_key = key[len(prefix) + 8:]
+                index_keys.append(key)
+                state_keys.append(group_prefix(g, _NS_WINDOW) + user_key + encode_timestamp(end - self.size_ms))
+                tuples.append(tuple(msgpack.unpackb(value, raw=False)))
+                starts.append(end - self.size_ms)
+        if not index_keys:
+            return self.output_schema.empty_table()
+        totals = self._codec.decode_many(store.get_many(state_keys)).copy()
+        totals["fired"] = 1
+        store.put_many(state_keys, self._codec.encode_many(totals))
+        store.delete_many(index_keys)
+        keys = pa.table(key_columns_from_plain(tuples, self.keys.fields()), names=self.key_columns)
+        return self._rows(keys, np.asarray(starts, dtype=np.int64), totals)
+
+    def _clean_up(self, store, groups: range, watermark: int | None) -> None:
+        """Delete windows whose end + lateness <= watermark (all when None)."""
+        for g in groups:
+            prefix = group_prefix(g, _NS_CLEANUP)
+            stop = None if watermark is None else prefix + encode_timestamp(watermark + 1)
+            entries = list(store.scan_range(prefix, stop) if stop else store.scan_prefix(prefix))
+            for key, _ in entries:
+                due = int.from_bytes(key[len(prefix):len(prefix) + 8], "big") - (1 << 63)
+                start = due - self.allowed_lateness_ms - self.size_ms
+                store.delete(group_prefix(g, _NS_WINDOW) + key[len(prefix) + 8:] + encode_timestamp(start))
+                store.delete(key)
+
+    def _rows(self, keys: pa.Table, starts: np.ndarray, totals: np.ndarray) -> pa.Table:
+        out = self.keys.cast_keys(keys)
+        out = out.append_column(WINDOW_START, pa.array(starts, type=pa.int64())) \
+            .append_column(WINDOW_END, pa.array(starts + self.size_ms, type=pa.int64())) \
+            .append_column("count", pa.array(totals["count"], type=pa.int64()))
+        if "sum" in self.aggs:
+            out = out.append_column("sum", pa.array(totals["sum"], type=self.value_type))
+        return out

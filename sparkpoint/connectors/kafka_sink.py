@@ -1,0 +1,418 @@
+"""Write to a Kafka topic exactly once, bound to checkpoints.
+
+Why staging, not an open transaction per checkpoint (as Flink's KafkaSink does):
+a Kafka transaction cannot be resumed by another process with librdkafka (Flink
+resumes one by setting the producer id and epoch through reflection). If the
+records of a pre-committed checkpoint lived only in an open transaction, a crash
+between `_metadata` and commit would lose them: the new run can only abort that
+transaction. So the sink stages each epoch's rows durably (Arrow IPC files next to
+the checkpoints, checksummed), and at commit time produces the checkpoint's rows in
+ONE transaction that also moves a *commit marker*, atomically with the data: a
+consumer-group offset (group `<transactional.id>.<generation>.commits`, partition 0
+of the topic, offset = checkpoint id) committed with `send_offsets_to_transaction`.
+Because the marker and the records become visible together, "is checkpoint N
+published?" always has a true answer: marker >= N.
+
+One transactional id per (job, sink) is enough, so no pool: transactions are only
+opened inside `commit`, one at a time, so concurrent pending checkpoints never need
+concurrent transactions. A pre-committed checkpoint that is aborted (or never
+completes) keeps its rows staged; the next handle lists them as an earlier
+*segment*, so they are published by the next commit, once. The fixed id is what
+fences a zombie: `init_transactions` by a new run aborts the old run's open
+transaction and makes its producer fail.
+
+Commit protocol (`commit(handle)`), and what a crash at each step leaves behind:
+
+  1. Skip if marker >= checkpoint id (already published).
+        crash: nothing happened.
+  2. Read and verify the staged files of every segment newer than the marker.
+        crash: nothing happened.
+  3. begin transaction; produce the rows; send the marker (offset = checkpoint id).
+        crash: an open transaction, invisible to read_committed consumers;
+        recover() fences it (init_transactions aborts it) and redoes 1-6.
+  4. commit transaction: rows and marker become visible together.
+        crash after: recover() finds marker >= id and skips to 5.
+  5. Record the commit in `_committed.json` next to the staged files.
+        crash after: recover() skips by the file; deletes the leftovers (6).
+  6. Delete the staged files of the published segments.
+
+`recover(handle)`: init_transactions (fence + abort whatever a crashed run left
+open), re-run `commit(handle)` (idempotent by the marker), then delete every other
+staged file: those epochs come after the restored barrier and are replayed.
+
+Delivery: exactly-once for read_committed consumers. Records appear at checkpoint
+completion, not per epoch (end-to-end latency >= checkpoint interval). A restore from
+a checkpoint older than one already published (its newer `_metadata` lost) replays,
+and so republishes, the records in between; this is logged.
+
+`mode="at_least_once"`: a plain idempotent producer sends each epoch at once;
+`pre_commit` flushes and fails the checkpoint if any record was not acknowledged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from sparkpoint.connectors.base import Sink
+from sparkpoint.connectors.kafka_common import consumer_config, producer_config
+from sparkpoint.errors import ConfigError, CorruptCheckpointError, KafkaConnectorError
+from sparkpoint.storage.fs import StorageFS
+
+log = logging.getLogger(__name__)
+
+DeliveryMode = Literal["exactly_once", "at_least_once"]
+HANDLE_VERSION = 1
+_COMMITTED_FILE = "_committed.json"
+_STAGED_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    name: str
+    rows: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "rows": self.rows, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "StagedFile":
+        return cls(str(d["name"]), int(d["rows"]), str(d["sha256"]))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The rows staged between two barriers, sealed by checkpoint `checkpoint_id`."""
+
+    checkpoint_id: int
+    files: tuple[StagedFile, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"checkpoint_id": self.checkpoint_id, "files": [f.to_json() for f in self.files]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Segment":
+        return cls(int(d["checkpoint_id"]), tuple(StagedFile.from_json(f) for f in d["files"]))
+
+
+class KafkaSink(Sink):
+    """Rows of `value_column` (and `key_column`, if given; string or binary) to `topic`.
+
+    staging_dir: a durable directory or URL (fsspec) that every run of the job sees,
+    e.g. next to the checkpoint directory; needed for exactly_once.
+    client_config: librdkafka settings passed through (security, timeouts, ...).
+    """
+
+    name = "kafka"
+
+    def __init__(self, bootstrap_servers: str, topic: str, *, value_column: str = "value",
+                 key_column: str | None = None, mode: DeliveryMode = "exactly_once",
+                 transactional_id_prefix: str = "sparkpoint", staging_dir: str | None = None,
+                 staging_options: Mapping[str, Any] | None = None,
+                 client_config: Mapping[str, Any] | None = None,
+                 transaction_timeout_s: float = 60.0, name: str = "kafka"):
+        if mode not in ("exactly_once", "at_least_once"):
+            raise ConfigError(f"KafkaSink mode={mode!r}; accepted: 'exactly_once', 'at_least_once'")
+        if mode == "exactly_once" and not staging_dir:
+            raise ConfigError("KafkaSink(mode='exactly_once') needs staging_dir: a durable "
+                              "directory or URL every run of the job can read (e.g. beside the "
+                              "checkpoint directory), where rows wait for their checkpoint")
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.value_column = value_column
+        self.key_column = key_column
+        self.mode = mode
+        self.transactional_id_prefix = transactional_id_prefix
+        self.name = name
+        self._staging_url = staging_dir
+        self._staging_options = dict(staging_options or {})
+        self._client_config = dict(client_config or {})
+        self._timeout_s = transaction_timeout_s
+        self._job_name: str | None = None
+        self._fs: StorageFS | None = None
+        self._dir = ""
+        self._producer: Any = None
+        self._marker_consumer: Any = None
+        self._generation: str | None = None
+        self._last_committed = 0
+        self._open_files: list[StagedFile] = []   # staged since the last barrier
+        self._sealed: list[Segment] = []          # pre-committed, not yet published
+        self._delivery_errors: list[str] = []
+        self._outcome_unknown = False             # a publish failed midway; see _resync
+
+    # -- identity -----------------------------------------------------------------------
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.transactional_id_prefix}.{self._require_job()}.{self.name}"
+
+    @property
+    def last_committed_checkpoint(self) -> int:
+        return self._last_committed
+
+    def open(self, job_name: str) -> None:
+        self._job_name = job_name
+        if self.mode == "exactly_once":
+            assert self._staging_url is not None
+            self._fs = StorageFS.from_url(self._staging_url, self._staging_options)
+            self._dir = f"{self._fs.root}/{job_name}/{self.name}"
+            self._fs.makedirs(self._dir)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(self._timeout_s)
+            self._producer = None
+        if self._marker_consumer is not None:
+            self._marker_consumer.close()
+            self._marker_consumer = None
+
+    # -- the two-phase commit -----------------------------------------------------------
+    def recover(self, handle: Mapping[str, Any] | None) -> None:
+        if self.mode == "at_least_once":
+            self._producer = self._make_producer(transactional=False)
+            return
+        fs = self._require_fs()
+        self._generation = str(handle["generation"]) if handle else uuid.uuid4().hex[:12]
+        self._open_files, self._sealed, self._last_committed = [], [], 0
+        self._marker_consumer = self._make_marker_consumer()
+        # Fences every producer of a crashed or zombie run with our transactional id
+        # and aborts its open transaction, before we read the marker.
+        self._resync()
+        if handle is not None:
+            restored = int(handle["checkpoint_id"])
+            if self._last_committed > restored:
+                log.warning(
+                    "Kafka sink %s: restoring checkpoint %d, but checkpoint %d was already "
+                    "published to %s; the records in between are published again",
+                    self.name, restored, self._last_committed, self.topic)
+            self.commit(handle)
+        for name in fs.ls(self._dir):
+            if name.startswith("epoch-"):
+                fs.rm(f"{self._dir}/{name}")
+
+    def write_epoch(self, epoch: int, rows: pa.Table) -> None:
+        keys, values = self._key_values(rows)
+        if self.mode == "at_least_once":
+            if self._producer is None:
+                self._producer = self._make_producer(transactional=False)
+            self._produce_all(keys, values, on_delivery=self._on_delivery)
+            return
+        self._require_recovered()
+        if len(values) == 0:
+            return
+        table = pa.Table.from_arrays([keys, values], schema=_STAGED_SCHEMA)
+        sink = io.BytesIO()
+        with ipc.new_stream(sink, _STAGED_SCHEMA) as writer:
+            writer.write_table(table)
+        data = sink.getvalue()
+        # The random part keeps a replayed epoch from overwriting a crashed run's file.
+        staged = StagedFile(f"epoch-{epoch:012d}-{uuid.uuid4().hex[:8]}.arrow", len(values),
+                            hashlib.sha256(data).hexdigest())
+        self._require_fs().write_atomic(f"{self._dir}/{staged.name}", data)
+        self._open_files.append(staged)
+
+    def pre_commit(self, checkpoint_id: int) -> Mapping[str, Any]:
+        if self.mode == "at_least_once":
+            self._flush_or_raise()
+            return {"version": HANDLE_VERSION, "mode": self.mode, "checkpoint_id": checkpoint_id}
+        self._require_recovered()
+        self._sealed.append(Segment(checkpoint_id, tuple(self._open_files)))
+        self._open_files = []
+        return {
+            "version": HANDLE_VERSION,
+            "mode": self.mode,
+            "checkpoint_id": checkpoint_id,
+            "transactional_id": self.transactional_id,
+            "generation": self._generation,
+            "topic": self.topic,
+            # Every sealed segment not yet published: a checkpoint that failed or is
+            # still pending is covered by this one too, so no abort can lose rows.
+            "segments": [s.to_json() for s in self._sealed],
+        }
+
+    def commit(self, handle: Mapping[str, Any]) -> None:
+        if self.mode == "at_least_once":
+            return
+        self._require_recovered()
+        checkpoint_id = int(handle["checkpoint_id"])
+        if self._outcome_unknown:
+            self._resync()
+        # 1. already published?
+        if checkpoint_id <= self._last_committed:
+            self._forget_published(checkpoint_id)
+            return
+        # 2. staged rows of every segment the marker does not cover yet
+        segments = [Segment.from_json(s) for s in handle["segments"]]
+        todo = [s for s in segments if s.checkpoint_id > self._last_committed]
+        tables = [self._read_staged(f) for s in todo for f in s.files]
+        # 3.-4. one transaction: rows + marker
+        self._outcome_unknown = True
+        self._publish(checkpoint_id, tables)
+        self._outcome_unknown = False
+        self._last_committed = checkpoint_id
+        # 5. durable record of the commit
+        self._require_fs().write_atomic(
+            f"{self._dir}/{_COMMITTED_FILE}",
+            json.dumps({"generation": self._generation, "checkpoint_id": checkpoint_id}).encode())
+        # 6. the published rows are no longer needed
+        for s in segments:
+            for f in s.files:
+                self._require_fs().rm(f"{self._dir}/{f.name}")
+        self._forget_published(checkpoint_id)
+
+    def abort(self, handle: Mapping[str, Any]) -> None:
+        """Nothing to undo: the aborted checkpoint's segment stays sealed and is part of
+        the next handle, so its rows are published by the next completed checkpoint."""
+
+    # -- steps ---------------------------------------------------------------------------
+    def _resync(self) -> None:
+        """Start a fresh transactional producer and re-read the marker. After a publish
+        that failed midway nobody knows whether its commit reached the broker;
+        init_transactions waits for a commit in flight or aborts the transaction, so
+        the marker read after it is the truth."""
+        if self._producer is not None:
+            self._producer.purge()
+        self._producer = self._make_producer(transactional=True)
+        self._producer.init_transactions(self._timeout_s)
+        self._last_committed = self._read_last_committed()
+        self._outcome_unknown = False
+
+    def _publish(self, checkpoint_id: int, tables: list[pa.Table]) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        producer = self._producer
+        try:
+            producer.begin_transaction()
+            for table in tables:
+                self._produce_all(table.column("key"), table.column("value"))
+            producer.send_offsets_to_transaction(
+                [TopicPartition(self.topic, 0, checkpoint_id)],
+                self._marker_consumer.consumer_group_metadata(), self._timeout_s)
+            producer.commit_transaction(self._timeout_s)
+        except KafkaException as e:
+            error = e.args[0]
+            if error.fatal():
+                raise KafkaConnectorError(
+                    f"Kafka sink {self.name}: the producer for {self.transactional_id} was fenced "
+                    "or failed fatally; another run of this job is writing (stop it) "
+                    f"or the broker rejected the transaction: {error}") from e
+            raise KafkaConnectorError(
+                f"Kafka sink {self.name}: publishing checkpoint {checkpoint_id} to "
+                f"{self.topic} failed: {error}; the checkpoint's rows stay staged and are "
+                "published by the next commit or on recovery") from e
+
+    def _read_last_committed(self) -> int:
+        from confluent_kafka import TopicPartition
+
+        marker = self._marker_consumer.committed([TopicPartition(self.topic, 0)],
+                                                 timeout=self._timeout_s)[0].offset
+        recorded = 0
+        path = f"{self._dir}/{_COMMITTED_FILE}"
+        fs = self._require_fs()
+        if fs.exists(path):
+            data = json.loads(fs.read_bytes(path))
+            if data.get("generation") == self._generation:
+                recorded = int(data["checkpoint_id"])
+        return max(recorded, marker if marker >= 0 else 0)
+
+    def _read_staged(self, staged: StagedFile) -> pa.Table:
+        path = f"{self._dir}/{staged.name}"
+        try:
+            data = self._require_fs().read_bytes(path)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(
+                f"Kafka sink {self.name}: staged file {path} of an unpublished checkpoint is "
+                "missing; its rows cannot be published. Was the staging directory cleaned?") from None
+        if hashlib.sha256(data).hexdigest() != staged.sha256:
+            raise CorruptCheckpointError(f"Kafka sink {self.name}: staged file {path} fails its "
+                                         "checksum; restore from an older checkpoint")
+        return ipc.open_stream(data).read_all()
+
+    def _forget_published(self, checkpoint_id: int) -> None:
+        self._sealed = [s for s in self._sealed if s.checkpoint_id > checkpoint_id]
+
+    # -- producing -----------------------------------------------------------------------
+    def _produce_all(self, keys: pa.ChunkedArray | pa.Array, values: pa.ChunkedArray | pa.Array,
+                     on_delivery: Any = None) -> None:
+        producer = self._producer
+        extra = {"on_delivery": on_delivery} if on_delivery else {}
+        for key, value in zip(keys.to_pylist(), values.to_pylist()):
+            while True:
+                try:
+                    producer.produce(self.topic, value=value, key=key, **extra)
+                    break
+                except BufferError:  # local queue full: let deliveries drain, then retry
+                    producer.poll(0.05)
+        producer.poll(0)
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self._delivery_errors.append(str(err))
+
+    def _flush_or_raise(self) -> None:
+        remaining = self._producer.flush(self._timeout_s)
+        errors, self._delivery_errors = self._delivery_errors, []
+        if remaining or errors:
+            raise KafkaConnectorError(
+                f"Kafka sink {self.name}: {remaining} records unsent and {len(errors)} failed "
+                f"for {self.topic} (first error: {errors[:1]}); the checkpoint fails and the "
+                "epochs are replayed")
+
+    def _key_values(self, rows: pa.Table) -> tuple[pa.Array, pa.Array]:
+        values = _as_binary(rows, self.value_column)
+        keys = (_as_binary(rows, self.key_column) if self.key_column
+                else pa.nulls(len(values), pa.binary()))
+        return keys, values
+
+    def _make_producer(self, transactional: bool) -> Any:
+        from confluent_kafka import Producer
+
+        fixed: dict[str, Any] = {"enable_idempotence": True}
+        if transactional:
+            fixed["transactional_id"] = self.transactional_id
+            fixed["transaction_timeout_ms"] = int(self._timeout_s * 1000)
+        return Producer(producer_config(self.bootstrap_servers, self._client_config, **fixed))
+
+    def _make_marker_consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        group = f"{self.transactional_id}.{self._generation}.commits"
+        return Consumer(consumer_config(self.bootstrap_servers, self._client_config,
+                                        group_id=group, enable_auto_commit=False))
+
+    def _require_job(self) -> str:
+        if self._job_name is None:
+            raise KafkaConnectorError(f"Kafka sink {self.name}: call open(job_name) first")
+        return self._job_name
+
+    def _require_fs(self) -> StorageFS:
+        if self._fs is None:
+            raise KafkaConnectorError(f"Kafka sink {self.name}: call open(job_name) first")
+        return self._fs
+
+    def _require_recovered(self) -> None:
+        if self._generation is None:
+            raise KafkaConnectorError(
+                f"Kafka sink {self.name}: call recover(handle or None) before writing; "
+                "recover publishes or discards what a previous run left staged")
+
+
+def _as_binary(rows: pa.Table, column: str) -> pa.ChunkedArray:
+    if column not in rows.column_names:
+        raise ConfigError(f"Kafka sink: column {column!r} is not in the output "
+                          f"(columns: {rows.column_names})")
+    col = rows.column(column)
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return col.cast(pa.binary())
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        return col.cast(pa.binary())
+    raise ConfigError(f"Kafka sink: column {column!r} is {col.type}; it must be string or "
+                      "binary. Serialize it first, e.g. F.to_json(F.struct(...))")

@@ -1,0 +1,49 @@
+"""A real Kafka broker (official jars, KRaft) for the whole session, one shared
+SparkSession, and factories for topics and records."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Iterator
+
+import pytest
+
+from kafka_support import KafkaTestClient
+from sparkpoint.testing.kafka_broker import KafkaBroker
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def kafka(kafka_broker: KafkaBroker) -> Iterator[KafkaTestClient]:
+    client = KafkaTestClient(kafka_broker.bootstrap_servers)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from sparkpoint.runtime.spark import get_or_create_spark
+
+    return get_or_create_spark("local[2]", app_name="sparkpoint-kafka-tests", shuffle_partitions=2)
+
+
+_topics = itertools.count()
+
+
+@pytest.fixture
+def new_topic(kafka: KafkaTestClient, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """new_topic(partitions=2) -> the name of a fresh topic for this test."""
+
+    def make(partitions: int = 2) -> str:
+        name = f"{request.node.name[:40].replace('[', '-').replace(']', '')}-{next(_topics)}"
+        kafka.create_topic(name, partitions)
+        return name
+
+    return make

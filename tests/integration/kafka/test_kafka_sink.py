@@ -1,0 +1,184 @@
+"""KafkaSink exactly-once against a real broker: nothing visible before the
+checkpoint commits, everything exactly once after any crash, zombies fenced."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from kafka_support import KafkaTestClient
+from sparkpoint.connectors.kafka_sink import KafkaSink
+from sparkpoint.errors import KafkaConnectorError
+
+pytestmark = pytest.mark.kafka
+
+
+class SimulatedCrash(Exception):
+    pass
+
+
+@pytest.fixture
+def make_sink(kafka: KafkaTestClient, tmp_path):
+    def make(topic: str, job: str = "job", **kw) -> KafkaSink:
+        sink = KafkaSink(kafka.bootstrap_servers, topic, key_column="k",
+                         staging_dir=str(tmp_path / "staging"), transaction_timeout_s=20, **kw)
+        sink.open(job)
+        return sink
+    return make
+
+
+def rows(*values: str) -> pa.Table:
+    return pa.table({"k": [f"key-{v}" for v in values], "value": list(values)})
+
+
+def published(kafka: KafkaTestClient, topic: str) -> list[bytes]:
+    return [v for *_, v in kafka.read_committed(topic)]
+
+
+def test_pre_committed_rows_are_invisible_until_commit(kafka, new_topic, make_sink):
+    topic = new_topic(partitions=1)
+    sink = make_sink(topic)
+    sink.recover(None)
+    sink.write_epoch(1, rows("a", "b"))
+    sink.write_epoch(2, rows("c"))
+
+    handle = sink.pre_commit(1)
+    assert published(kafka, topic) == []
+
+    sink.commit(handle)
+    assert published(kafka, topic) == [b"a", b"b", b"c"]
+    assert [k for _, _, k, _ in kafka.read_committed(topic)] == [b"key-a", b"key-b", b"key-c"]
+    sink.commit(handle)  # idempotent
+    assert published(kafka, topic) == [b"a", b"b", b"c"]
+
+
+def test_crash_between_pre_commit_and_commit_is_recovered_once(kafka, new_topic, make_sink):
+    topic = new_topic(partitions=1)
+    crashed = make_sink(topic)
+    crashed.recover(None)
+    crashed.write_epoch(1, rows("a"))
+    handle = crashed.pre_commit(1)
+    crashed.write_epoch(2, rows("after-barrier"))  # replayed after restore, must not appear
+
+    restored = make_sink(topic)
+    restored.recover(handle)
+
+    assert published(kafka, topic) == [b"a"]
+    again = make_sink(topic)
+    again.recover(handle)  # a second failover from the same checkpoint
+    assert published(kafka, topic) == [b"a"]
+
+
+def test_crash_after_kafka_commit_before_recording_it_publishes_nothing_twice(
+        kafka, new_topic, make_sink, monkeypatch):
+    topic = new_topic(partitions=1)
+    crashed = make_sink(topic)
+    crashed.recover(None)
+    crashed.write_epoch(1, rows("a", "b"))
+    handle = crashed.pre_commit(1)
+    write_atomic = crashed._fs.write_atomic
+
+    def crash_on_commit_record(path, data):
+        if path.endswith("_committed.json"):
+            raise SimulatedCrash()
+        write_atomic(path, data)
+
+    monkeypatch.setattr(crashed._fs, "write_atomic", crash_on_commit_record)
+    with pytest.raises(SimulatedCrash):
+        crashed.commit(handle)
+    assert published(kafka, topic) == [b"a", b"b"]
+
+    restored = make_sink(topic)
+    restored.recover(handle)
+
+    assert published(kafka, topic) == [b"a", b"b"]
+    assert restored.last_committed_checkpoint == 1
+
+
+def test_crash_inside_the_transaction_is_aborted_and_published_once(kafka, new_topic, make_sink, monkeypatch):
+    topic = new_topic(partitions=1)
+    crashed = make_sink(topic)
+    crashed.recover(None)
+    crashed.write_epoch(1, rows("a", "b"))
+    handle = crashed.pre_commit(1)
+
+    def crash_before_commit(*_args):
+        crashed._producer.flush(20)  # the rows are on the broker, in the open transaction
+        raise SimulatedCrash()
+
+    monkeypatch.setattr(crashed._producer, "commit_transaction", crash_before_commit, raising=False)
+    with pytest.raises(SimulatedCrash):
+        crashed.commit(handle)
+    assert published(kafka, topic) == []
+
+    restored = make_sink(topic)
+    restored.recover(handle)
+
+    assert published(kafka, topic) == [b"a", b"b"]
+
+
+def test_aborted_checkpoint_rows_are_published_by_the_next_one(kafka, new_topic, make_sink):
+    topic = new_topic(partitions=1)
+    sink = make_sink(topic)
+    sink.recover(None)
+    sink.write_epoch(1, rows("a"))
+    failed = sink.pre_commit(1)
+    sink.write_epoch(2, rows("b"))
+    pending = sink.pre_commit(2)     # concurrent with 1
+    sink.abort(failed)               # 1 expires after 2 was triggered
+    sink.write_epoch(3, rows("c"))
+    later = sink.pre_commit(3)
+
+    sink.commit(pending)
+    assert published(kafka, topic) == [b"a", b"b"]
+    sink.commit(failed)              # a late commit of an older checkpoint changes nothing
+    sink.commit(later)
+    assert published(kafka, topic) == [b"a", b"b", b"c"]
+
+
+def test_restore_of_a_checkpoint_whose_predecessor_failed_keeps_its_rows(kafka, new_topic, make_sink):
+    topic = new_topic(partitions=1)
+    crashed = make_sink(topic)
+    crashed.recover(None)
+    crashed.write_epoch(1, rows("a"))
+    crashed.pre_commit(1)            # never completes
+    crashed.write_epoch(2, rows("b"))
+    handle = crashed.pre_commit(2)   # completes; the job crashes before commit
+
+    restored = make_sink(topic)
+    restored.recover(handle)
+
+    assert published(kafka, topic) == [b"a", b"b"]
+
+
+def test_a_zombie_run_is_fenced(kafka, new_topic, make_sink):
+    topic = new_topic(partitions=1)
+    zombie = make_sink(topic)
+    zombie.recover(None)
+    zombie.write_epoch(1, rows("a"))
+    handle = zombie.pre_commit(1)
+
+    successor = make_sink(topic)
+    successor.recover(handle)
+    zombie.write_epoch(2, rows("zombie"))
+    zombie_handle = zombie.pre_commit(2)
+
+    with pytest.raises(KafkaConnectorError, match="fenced"):
+        zombie.commit(zombie_handle)
+    assert published(kafka, topic) == [b"a"]
+
+
+def test_at_least_once_publishes_at_pre_commit(kafka, new_topic, make_sink):
+    topic = new_topic(partitions=1)
+    sink = make_sink(topic, mode="at_least_once")
+    sink.recover(None)
+    sink.write_epoch(1, rows("a"))
+    sink.pre_commit(1)
+    assert published(kafka, topic) == [b"a"]
+
+
+def test_exactly_once_needs_a_staging_dir():
+    from sparkpoint.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="staging_dir"):
+        KafkaSink("127.0.0.1:1", "t")

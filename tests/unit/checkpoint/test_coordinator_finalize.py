@@ -1,0 +1,172 @@
+"""Finalizing: durable first, then record, then notify, then delete what was subsumed;
+and what each finalize failure means."""
+
+from __future__ import annotations
+
+from checkpoint_support import failure_reason, handle_for, make_harness
+
+from sparkpoint.checkpoint import CheckpointFailureReason as R
+from sparkpoint.errors import LeaseLostError, MetadataExistsError, StorageError
+
+
+def test_side_effects_happen_after_the_checkpoint_is_durable_in_order():
+    h = make_harness(num_retained=1)
+    h.gateway.notify_complete = lambda cid, data: h.storage.events.append(("notify_complete", cid))
+    h.complete(h.trigger())
+    h.scheduler.advance(10)
+    h.complete(h.trigger())
+    steps = [e for e in h.storage.events if e[0] != "initialize_location"]
+    assert steps == [("commit_metadata", 1), ("notify_complete", 1),
+                     ("commit_metadata", 2), ("notify_complete", 2), ("discard_completed", 1)]
+
+
+def test_retention_discards_subsumed_checkpoints_with_the_handles_still_referenced():
+    h = make_harness(num_retained=2)
+    for _ in range(3):
+        h.complete(h.trigger())
+    assert [c.checkpoint_id for c in h.coordinator.completed_store.all()] == [2, 3]
+    [(discarded_id, still_referenced)] = h.storage.discarded_completed
+    assert discarded_id == 1
+    expected = [handle_for(cid, p) for cid in (2, 3) for p in h.gateway.participant_ids]
+    assert sorted(map(str, still_referenced)) == sorted(map(str, expected))
+
+
+def test_failed_discard_of_a_subsumed_checkpoint_is_logged_not_fatal(caplog):
+    h = make_harness(num_retained=1)
+    h.storage.fail("discard_completed", StorageError("permission denied"))
+    h.complete(h.trigger())
+    h.complete(h.trigger())
+    assert "could not delete subsumed checkpoint 1" in caplog.text
+    assert h.coordinator.completed_store.latest().checkpoint_id == 2
+    assert h.failures() == {}
+
+
+def test_metadata_write_failure_is_a_counted_finalize_failure_and_the_job_continues(h):
+    h.storage.fail("commit_metadata", StorageError("connection reset"))
+    future = h.trigger()
+    h.ack_all(1)
+    assert failure_reason(future) is R.FINALIZE_FAILED
+    assert h.coordinator.failure_manager.consecutive_failures == 1
+    assert h.gateway.notified == []
+    assert h.coordinator.completed_store.latest() is None
+    assert h.storage.discarded_locations == [1]
+    assert h.complete(h.trigger()).checkpoint_id == 2
+
+
+def test_existing_metadata_is_never_deleted():
+    """Seed 003: someone else's _metadata in our chk-<id> must survive our failure."""
+    h = make_harness()
+    h.storage.fail("commit_metadata", MetadataExistsError("chk-1/_metadata already exists"))
+    future = h.trigger()
+    h.ack_all(1)
+    assert failure_reason(future) is R.FINALIZE_FAILED
+    assert h.storage.discarded_locations == []
+    assert h.gateway.aborted_ids == [1]
+
+
+def test_lost_lease_stops_the_job_for_good_and_touches_no_storage():
+    h = make_harness(max_concurrent=2)
+    h.storage.fail("commit_metadata", LeaseLostError("lease held by run b7 on host-2"))
+    h.coordinator.start_scheduler()
+    first = h.trigger()
+    second = h.trigger()
+    h.ack_all(1)
+    assert failure_reason(first) is R.LEASE_LOST
+    assert failure_reason(second) is R.LEASE_LOST
+    [(reason, error)] = h.failed_jobs
+    assert reason is R.LEASE_LOST and reason.fatal
+    assert isinstance(error, LeaseLostError)
+    assert h.storage.discarded_locations == [] and h.storage.discarded_completed == []
+    assert h.coordinator.is_shutdown and not h.coordinator.periodic_scheduling
+    assert failure_reason(h.trigger(forced=True)) is R.COORDINATOR_SHUTDOWN
+    h.scheduler.advance(10_000)
+    assert h.gateway.triggered_ids == [1, 2]
+
+
+def test_failing_notification_does_not_fail_the_checkpoint(h):
+    h.gateway.fail_notify = RuntimeError("kafka coordinator not available")
+    data = h.complete(h.trigger())
+    assert data.checkpoint_id == 1
+    assert h.coordinator.completed_store.latest() == data
+    assert h.failures() == {}
+
+
+def test_stats_record_duration_and_bytes_from_ack_metrics(h):
+    h.trigger()
+    h.scheduler.advance(250)
+    h.ack_all(1, size=1000)
+    snapshot = h.coordinator.stats.snapshot()
+    assert snapshot["completed"] == 1 and snapshot["triggered"] == 1
+    assert snapshot["last_completed_id"] == 1
+    assert snapshot["last_duration_ms"] == 250
+    assert snapshot["last_size_bytes"] == 3000
+    assert snapshot["in_progress"] == 0
+
+
+def test_aborted_checkpoint_files_are_deleted_only_after_its_writers_stopped():
+    """Seed 000 at unit level: the first decline must not pull the directory from under
+    a participant whose upload is still running, and that upload's late error must not
+    count or fail anything."""
+    h = make_harness(tolerable_failed=0)
+    h.gateway.complete_aborts = False
+    h.trigger()
+    h.coordinator.decline(1, "source:numbers", R.TASK_NOT_READY)
+    assert h.gateway.aborted_ids == [1]
+    assert h.storage.discarded_locations == []  # state:count/0 may still be uploading
+
+    assert h.coordinator.decline(1, "state:count/0", R.TASK_ASYNC_FAILURE, OSError("Path doesn't exist")) is False
+    assert h.failed_jobs == []
+
+    h.gateway.abort_futures[1].set_result(None)  # the upload was cancelled and has stopped
+    assert h.storage.discarded_locations == [1]
+
+
+def test_files_stay_when_the_writers_could_not_be_confirmed_stopped():
+    h = make_harness()
+    h.gateway.complete_aborts = False
+    h.trigger()
+    h.coordinator.decline(1, "job", R.DECLINED_BY_TASK)
+    h.gateway.abort_futures[1].set_exception(TimeoutError("executor lost"))
+    assert h.storage.discarded_locations == []
+
+
+def test_failed_delete_of_an_aborted_checkpoint_is_not_fatal(caplog):
+    h = make_harness()
+    h.storage.fail("discard_location", StorageError("permission denied"))
+    h.trigger()
+    h.coordinator.decline(1, "job", R.DECLINED_BY_TASK)
+    assert "could not delete the files of aborted checkpoint 1" in caplog.text
+    assert h.complete(h.trigger()).checkpoint_id == 2
+
+
+def test_lease_lost_while_deleting_a_subsumed_checkpoint_stops_the_job():
+    h = make_harness(num_retained=1)
+    h.complete(h.trigger())
+    h.storage.fail("discard_completed", LeaseLostError("fenced by run c3"))
+    second = h.complete(h.trigger())
+    assert second.checkpoint_id == 2  # it is durable; only the cleanup hit the lost lease
+    assert [reason for reason, _ in h.failed_jobs] == [R.LEASE_LOST]
+    assert h.coordinator.is_shutdown
+    assert failure_reason(h.trigger(forced=True)) is R.COORDINATOR_SHUTDOWN
+
+
+def test_lease_lost_when_creating_the_directory_stops_the_job_instead_of_counting():
+    h = make_harness()
+    h.storage.fail("initialize_location", LeaseLostError("fenced"))
+    assert failure_reason(h.trigger()) is R.LEASE_LOST
+    assert [reason for reason, _ in h.failed_jobs] == [R.LEASE_LOST]
+    assert h.coordinator.failure_manager.consecutive_failures == 0
+    assert h.coordinator.is_shutdown
+
+
+def test_handles_already_acked_by_in_flight_checkpoints_are_kept_when_discarding():
+    h = make_harness(num_retained=1, max_concurrent=2)
+    h.complete(h.trigger())  # 1
+    h.trigger()  # 2
+    h.trigger()  # 3, in flight while 2 completes and pushes out 1
+    h.ack(3, "state:count/0")
+    h.ack_all(2)
+    [(discarded_id, still_referenced)] = h.storage.discarded_completed
+    assert discarded_id == 1
+    assert handle_for(3, "state:count/0") in still_referenced
+    assert handle_for(2, "job") in still_referenced

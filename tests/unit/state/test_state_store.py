@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import rocksdict
+
+from sparkpoint.errors import ForeignCheckpointError, StaleStateError
+from sparkpoint.state.store import SubtaskStateStore
+
+
+def out(epoch: int) -> pa.Table:
+    return pa.table({"epoch": [epoch], "text": [f"output of {epoch}"]})
+
+
+def test_fresh_store_has_no_epoch_and_no_output(tmp_path: Path) -> None:
+    with SubtaskStateStore.open(str(tmp_path / "s")) as store:
+        assert store.epoch() == -1
+        assert store.last_output() is None
+
+
+def test_commit_is_visible_after_reopen_with_marker_and_output(tmp_path: Path) -> None:
+    path = str(tmp_path / "s")
+    with SubtaskStateStore.open(path) as store:
+        store.put(b"\x00\x01a", b"1")
+        store.put_many([b"\x00\x01b", b"\x00\x01c"], [b"2", b"3"])
+        store.commit_epoch(0, out(0))
+    with SubtaskStateStore.open(path, create=False) as store:
+        assert store.epoch() == 0
+        assert store.get_many([b"\x00\x01a", b"\x00\x01b", b"\x00\x01c", b"\x00\x01d"]) == [b"1", b"2", b"3", None]
+        assert store.last_output().equals(out(0))
+
+
+def test_uncommitted_writes_vanish_and_state_stays_at_previous_epoch(tmp_path: Path) -> None:
+    path = str(tmp_path / "s")
+    with SubtaskStateStore.open(path) as store:
+        store.put(b"\x00\x00k", b"old")
+        store.commit_epoch(4, out(4))
+    with SubtaskStateStore.open(path) as store:
+        store.put(b"\x00\x00k", b"new")
+        store.put(b"\x00\x00other", b"x")
+        assert store.get(b"\x00\x00k") == b"new"  # read-your-writes within the epoch
+        # closed without commit_epoch: a crash or an exception in apply
+    with SubtaskStateStore.open(path) as store:
+        assert store.epoch() == 4
+        assert store.get(b"\x00\x00k") == b"old"
+        assert store.get(b"\x00\x00other") is None
+        assert store.last_output().equals(out(4))
+
+
+def test_reads_see_buffered_puts_and_deletes_in_key_order(tmp_path: Path) -> None:
+    with SubtaskStateStore.open(str(tmp_path / "s")) as store:
+        store.put_many([b"p/a", b"p/c", b"p/e", b"q/a"], [b"1", b"3", b"5", b"x"])
+        store.commit_epoch(0, out(0))
+        store.put(b"p/b", b"2")
+        store.delete(b"p/c")
+        store.put(b"p/e", b"55")
+        store.put(b"p/f", b"6")
+        assert list(store.scan_prefix(b"p/")) == [(b"p/a", b"1"), (b"p/b", b"2"), (b"p/e", b"55"), (b"p/f", b"6")]
+        assert store.get_many([b"p/a", b"p/c", b"p/e"]) == [b"1", None, b"55"]
+        assert list(store.scan_range(b"p/b", b"p/f")) == [(b"p/b", b"2"), (b"p/e", b"55")]
+        assert store.has_prefix(b"q/") and not store.has_prefix(b"r/")
+
+
+def test_an_epoch_is_committed_once(tmp_path: Path) -> None:
+    with SubtaskStateStore.open(str(tmp_path / "s")) as store:
+        store.commit_epoch(2, out(2))
+        with pytest.raises(StaleStateError, match="already at epoch 2"):
+            store.commit_epoch(2, out(2))
+
+
+def test_missing_state_with_create_false_is_stale(tmp_path: Path) -> None:
+    with pytest.raises(StaleStateError, match="restore this subtask"):
+        SubtaskStateStore.open(str(tmp_path / "nothing"), create=False)
+
+
+def test_format_record_is_checked_on_open(tmp_path: Path) -> None:
+    path = str(tmp_path / "s")
+    SubtaskStateStore.open(path, operator="counts", key_groups=range(0, 64), max_parallelism=128).close()
+    with pytest.raises(ForeignCheckpointError, match="belongs to operator 'counts'"):
+        SubtaskStateStore.open(path, operator="windows")
+    with pytest.raises(StaleStateError, match="key-group range"):
+        SubtaskStateStore.open(path, operator="counts", key_groups=range(64, 128))
+    with pytest.raises(StaleStateError, match="max parallelism"):
+        SubtaskStateStore.open(path, operator="counts", max_parallelism=256)
+    SubtaskStateStore.open(path, operator="counts", key_groups=range(0, 64), max_parallelism=128).close()
+
+
+def test_a_foreign_rocksdb_is_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / "foreign")
+    db = rocksdict.Rdict(path, rocksdict.Options(raw_mode=True))
+    db[b"somebody"] = b"else"
+    db.close()
+    with pytest.raises(ForeignCheckpointError, match="without a sparkpoint format record"):
+        SubtaskStateStore.open(path)
+
+
+def test_local_checkpoint_opens_as_a_store_with_the_committed_state(tmp_path: Path) -> None:
+    path, chk = str(tmp_path / "s"), str(tmp_path / "chk" / "op" / "0" / "chk-7")
+    with SubtaskStateStore.open(path, operator="op") as store:
+        store.put(b"\x00\x00k", b"v1")
+        store.commit_epoch(1, out(1))
+        store.create_local_checkpoint(chk)
+        store.put(b"\x00\x00k", b"v2")
+        store.commit_epoch(2, out(2))
+        with pytest.raises(FileExistsError):
+            store.create_local_checkpoint(chk)
+        store.put(b"\x00\x00k", b"v3")
+        with pytest.raises(StaleStateError, match="uncommitted"):
+            store.create_local_checkpoint(str(tmp_path / "chk2"))
+    with SubtaskStateStore.open(chk, create=False, operator="op") as restored:
+        assert restored.epoch() == 1
+        assert restored.get(b"\x00\x00k") == b"v1"
+        assert restored.last_output().equals(out(1))
+
+
+def test_commit_survives_sigkill_right_after_it_returns(tmp_path: Path) -> None:
+    path = str(tmp_path / "s")
+    script = textwrap.dedent(f"""
+        import os, signal
+        import pyarrow as pa
+        from sparkpoint.state.store import SubtaskStateStore
+        store = SubtaskStateStore.open({path!r})
+        store.put_many([b"\\x00\\x00%d" % i for i in range(1000)], [b"v%d" % i for i in range(1000)])
+        store.commit_epoch(0, pa.table({{"n": [1000]}}))
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    with SubtaskStateStore.open(path) as store:
+        assert store.epoch() == 0
+        assert store.get(b"\x00\x00999") == b"v999"
+        assert store.last_output().column("n").to_pylist() == [1000]
+
+
+def test_scans_without_an_upper_bound_never_return_store_metadata(tmp_path: Path) -> None:
+    with SubtaskStateStore.open(str(tmp_path / "s")) as store:
+        store.put(b"\x00\x05a", b"1")
+        store.put_meta("dropped", b"\x00")
+        store.commit_epoch(0, out(0))
+        store.put(b"\x00\x06b", b"2")
+        store.put_meta("dropped", b"\x01")
+        assert list(store.scan_range(b"\x00", None)) == [(b"\x00\x05a", b"1"), (b"\x00\x06b", b"2")]
+        assert store.get_meta("dropped") == b"\x01"
+
+
+def test_corrupt_local_files_mean_stale_state_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with SubtaskStateStore.open(str(path)) as store:
+        store.put(b"\x00\x00k", b"v" * 100)
+        store.commit_epoch(0, out(0))
+        store.create_local_checkpoint(str(tmp_path / "copy"))  # flushes an SST we can damage
+    for sst in (tmp_path / "copy").glob("*.sst"):
+        sst.write_bytes(b"garbage" * 10)
+    with pytest.raises(StaleStateError, match="restores this subtask from a checkpoint"):
+        with SubtaskStateStore.open(str(tmp_path / "copy")) as store:
+            store.get(b"\x00\x00k")

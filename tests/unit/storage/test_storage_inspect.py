@@ -1,0 +1,90 @@
+"""`checkpoints list/verify` and `doctor`: what an operator sees about a job directory."""
+
+from __future__ import annotations
+
+import json
+
+from storage_support import ManualClock, complete_checkpoint
+
+from sparkpoint.storage.checkpoint_storage import FsCheckpointStorage
+from sparkpoint.storage.ids import DurableCheckpointIDCounter
+from sparkpoint.storage.inspect import Severity, doctor, list_checkpoints, verify_checkpoints
+from sparkpoint.storage.lease import JobLease
+
+
+def codes(report) -> dict[str, Severity]:
+    return {f.code: f.severity for f in report.findings}
+
+
+def test_list_shows_completed_and_unfinished(storage: FsCheckpointStorage) -> None:
+    complete_checkpoint(storage, 1, {"shared/a.sst": b"aaaa", "chk-{id}/MANIFEST": b"mm"}, ts_ms=5_000)
+    storage.initialize_location(2)
+    rows = [r.to_dict() for r in list_checkpoints(storage.fs, storage.layout)]
+    assert rows[0] == {"checkpoint_id": 1, "completed": True, "trigger_timestamp_ms": 5_000,
+                       "completion_timestamp_ms": 5_005, "size_bytes": 6, "file_count": 2, "problem": None}
+    assert rows[1]["checkpoint_id"] == 2 and rows[1]["completed"] is False and rows[1]["file_count"] == 1
+
+
+def test_verify_finds_missing_resized_and_damaged_files(storage: FsCheckpointStorage) -> None:
+    complete_checkpoint(storage, 1, {"shared/a.sst": b"aaaa", "shared/b.sst": b"bbbb",
+                                     "shared/c.sst": b"cccc", "chk-{id}/MANIFEST": b"m"})
+    fs, layout = storage.fs, storage.layout
+    fs.rm(layout.join("shared/a.sst"))
+    fs.write_atomic(layout.join("shared/b.sst"), b"bb")
+    fs.write_atomic(layout.join("shared/c.sst"), b"cccX")
+
+    [result] = verify_checkpoints(fs, layout)
+
+    assert not result.ok and result.files_checked == 4
+    assert result.problems == ["shared/a.sst is missing",
+                               "shared/b.sst has 2 bytes, the checkpoint recorded 4",
+                               "shared/c.sst fails its sha256 check (damaged or overwritten)"]
+    assert verify_checkpoints(fs, layout, hash_files=False)[0].problems[2:] == []
+
+
+def test_doctor_on_a_healthy_job(storage: FsCheckpointStorage, clock: ManualClock) -> None:
+    JobLease(storage.fs, storage.layout, "run-1", host="h1", pid=7, clock=clock).acquire()
+    ids = DurableCheckpointIDCounter(storage.fs, storage.layout)
+    complete_checkpoint(storage, ids.get_and_increment(), {"shared/a.sst": b"a"})
+
+    report = doctor(storage.fs, storage.layout, clock=clock, hash_files=True)
+
+    assert report.healthy
+    assert codes(report) == {"lease-held": Severity.INFO, "restore-point": Severity.INFO}
+    assert json.loads(json.dumps(report.to_dict()))["lease"]["run_id"] == "run-1"
+
+
+def test_doctor_after_a_crash_and_a_second_writer(storage: FsCheckpointStorage, clock: ManualClock) -> None:
+    JobLease(storage.fs, storage.layout, "crashed", clock=clock).acquire()
+    ids = DurableCheckpointIDCounter(storage.fs, storage.layout)
+    complete_checkpoint(storage, ids.get_and_increment(), {"shared/a.sst": b"a"})
+    complete_checkpoint(storage, 2, {"shared/b.sst": b"b"})  # written by someone not using our _ids
+    meta = storage.layout.metadata(2)
+    storage.fs.write_atomic(meta, storage.fs.read_bytes(meta)[:-20])
+    storage.initialize_location(3)
+    storage.fs.write_atomic(storage.layout.join("shared/orphan.sst"), b"o")
+    clock.advance(120)
+
+    report = doctor(storage.fs, storage.layout, clock=clock)
+    found = codes(report)
+
+    assert not report.healthy
+    assert found["lease-expired"] is Severity.WARNING
+    assert found["corrupt-metadata"] is Severity.ERROR
+    assert found["id-collision-risk"] is Severity.WARNING
+    assert found["orphan-checkpoint-dirs"] is Severity.INFO
+    assert "orphan-shared-files" not in found  # chk-2's references are unknown: no orphan claims
+    assert all(f.what_to_do for f in report.findings)
+    restore = next(f for f in report.findings if f.code == "restore-point")
+    assert "chk-1" in restore.message
+
+
+def test_doctor_names_a_broken_latest_checkpoint_and_the_fallback(storage: FsCheckpointStorage,
+                                                                  clock: ManualClock) -> None:
+    complete_checkpoint(storage, 1, {"shared/a.sst": b"a"})
+    complete_checkpoint(storage, 2, {"shared/b.sst": b"b"})
+    storage.fs.rm(storage.layout.join("shared/b.sst"))
+    report = doctor(storage.fs, storage.layout, clock=clock)
+    broken = next(f for f in report.findings if f.code == "checkpoint-invalid")
+    assert broken.severity is Severity.ERROR and "shared/b.sst is missing" in broken.message
+    assert "chk-1" in broken.what_to_do
