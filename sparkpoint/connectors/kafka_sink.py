@@ -148,6 +148,7 @@ class KafkaSink(Sink):
         self._sealed: list[Segment] = []          # pre-committed, not yet published
         self._delivery_errors: list[str] = []
         self._outcome_unknown = False             # a publish failed midway; see _resync
+        self._fenced = False                      # a newer run took over our transactional id
 
     # -- identity -----------------------------------------------------------------------
     @property
@@ -243,6 +244,10 @@ class KafkaSink(Sink):
             return
         self._require_recovered()
         checkpoint_id = int(handle["checkpoint_id"])
+        if self._fenced:
+            raise KafkaConnectorError(
+                f"Kafka sink {self.name}: this run was fenced by a newer run of job "
+                f"{self._job_name!r} (same transactional id {self.transactional_id}); stop it")
         if self._outcome_unknown:
             self._resync()
         # 1. already published?
@@ -252,6 +257,14 @@ class KafkaSink(Sink):
         # 2. staged rows of every segment the marker does not cover yet
         segments = [Segment.from_json(s) for s in handle["segments"]]
         todo = [s for s in segments if s.checkpoint_id > self._last_committed]
+        if not self._all_staged(todo):
+            # A successor run may have published them and cleaned up: ask the marker
+            # (a read; unlike init_transactions it never fences that successor).
+            self._last_committed = max(self._last_committed, self._read_last_committed())
+            if checkpoint_id <= self._last_committed:
+                self._forget_published(checkpoint_id)
+                return
+            todo = [s for s in segments if s.checkpoint_id > self._last_committed]
         tables = [self._read_staged(f) for s in todo for f in s.files]
         # 3.-4. one transaction: rows + marker
         self._outcome_unknown = True
@@ -300,6 +313,8 @@ class KafkaSink(Sink):
         except KafkaException as e:
             error = e.args[0]
             if error.fatal():
+                # Never re-init after this: init_transactions would fence the newer run.
+                self._fenced = True
                 raise KafkaConnectorError(
                     f"Kafka sink {self.name}: the producer for {self.transactional_id} was fenced "
                     "or failed fatally; another run of this job is writing (stop it) "
@@ -322,6 +337,10 @@ class KafkaSink(Sink):
             if data.get("generation") == self._generation:
                 recorded = int(data["checkpoint_id"])
         return max(recorded, marker if marker >= 0 else 0)
+
+    def _all_staged(self, segments: list[Segment]) -> bool:
+        fs = self._require_fs()
+        return all(fs.exists(f"{self._dir}/{f.name}") for s in segments for f in s.files)
 
     def _read_staged(self, staged: StagedFile) -> pa.Table:
         path = f"{self._dir}/{staged.name}"

@@ -503,6 +503,7 @@ class JobMaster:
         started = time.monotonic()
 
         def upload(cancel: threading.Event):
+            log.info("checkpoint %d: asynchronous part of %s started", checkpoint_id, participant)
             self.faults.before_async(participant, checkpoint_id, cancel)
             return upload_snapshot(local, self.storage.fs, self.storage.layout, checkpoint_id,
                                    f"state/{self.operator.name}/{subtask}", previous=self._previous_index(),

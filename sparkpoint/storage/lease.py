@@ -179,7 +179,7 @@ class JobLease:
             now = self._now_ms()
             tokens = lease_tokens(self._fs, self._layout)
             current = read_lease_record(self._fs, self._layout, tokens[-1]) if tokens else None
-            if current is not None and current.is_live(now):
+            if current is not None and current.is_live(now) and not self._holder_is_dead(current):
                 if self._record is not None and current.token == self._record.token:
                     self.heartbeat()
                     return self._record
@@ -201,6 +201,19 @@ class JobLease:
                             current.pid, "was released" if current.released else "had expired", token)
             self._prune_history(tokens)
             return record
+
+    def _holder_is_dead(self, current: LeaseRecord) -> bool:
+        """A holder on this very host whose process is gone (kill -9, OOM) cannot commit
+        anything any more: take over at once instead of making the user wait out the ttl.
+        Holders on other hosts are judged by their heartbeat alone."""
+        if current.host != self.host or current.pid in (None, self.pid) or current.released:
+            return False
+        dead = not _pid_running(int(current.pid))
+        if dead:
+            log.warning("lease of job %r is held by run %s, pid %s on this host, which is no longer running; "
+                        "taking over without waiting for the lease to expire", current.job_name, current.run_id,
+                        current.pid)
+        return dead
 
     def heartbeat(self) -> None:
         """Renew. Raises LeaseLostError if a newer run took over, StorageError if the
@@ -275,6 +288,20 @@ class JobLease:
                 self._fs.rm(self._layout.lease_token(token))
             except StorageError as e:  # history only; a leftover file is harmless
                 log.info("could not prune old lease record %d: %s", token, e)
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed but not yet reaped process is a zombie: it runs nothing any more
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 class LeaseKeeper:

@@ -102,11 +102,18 @@ def test_crash_inside_the_transaction_is_aborted_and_published_once(kafka, new_t
     crashed.write_epoch(1, rows("a", "b"))
     handle = crashed.pre_commit(1)
 
-    def crash_before_commit(*_args):
-        crashed._producer.flush(20)  # the rows are on the broker, in the open transaction
-        raise SimulatedCrash()
+    class CrashBeforeCommit:
+        def __init__(self, producer):
+            self._producer = producer
 
-    monkeypatch.setattr(crashed._producer, "commit_transaction", crash_before_commit, raising=False)
+        def __getattr__(self, name):
+            return getattr(self._producer, name)
+
+        def commit_transaction(self, *_args):
+            self._producer.flush(20)  # the rows are on the broker, in the open transaction
+            raise SimulatedCrash()
+
+    monkeypatch.setattr(crashed, "_producer", CrashBeforeCommit(crashed._producer))
     with pytest.raises(SimulatedCrash):
         crashed.commit(handle)
     assert published(kafka, topic) == []
@@ -165,7 +172,12 @@ def test_a_zombie_run_is_fenced(kafka, new_topic, make_sink):
 
     with pytest.raises(KafkaConnectorError, match="fenced"):
         zombie.commit(zombie_handle)
+    with pytest.raises(KafkaConnectorError, match="fenced"):
+        zombie.commit(zombie_handle)   # and it stays fenced: it never fences the successor back
     assert published(kafka, topic) == [b"a"]
+    successor.write_epoch(2, rows("b"))
+    successor.commit(successor.pre_commit(2))
+    assert published(kafka, topic) == [b"a", b"b"]
 
 
 def test_at_least_once_publishes_at_pre_commit(kafka, new_topic, make_sink):

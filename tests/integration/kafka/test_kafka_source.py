@@ -50,7 +50,7 @@ def read_epochs(source: KafkaSource, positions: dict, epochs: int | None = None)
 
 def test_reads_exactly_the_produced_records_in_bounded_epochs(spark, kafka, new_topic):
     topic = new_topic(partitions=2)
-    kafka.produce(topic, records(50, 2))
+    kafka.produce(topic, records(30, 2))
     source = open_source(spark, kafka, topic, max_records_per_partition_per_epoch=10)
 
     positions = source.initial_positions()
@@ -59,7 +59,7 @@ def test_reads_exactly_the_produced_records_in_bounded_epochs(spark, kafka, new_
     rows, end = read_epochs(source, positions)
 
     assert sorted(rows) == kafka.read_committed(topic, partitions=2)
-    assert len(rows) == 50 and end == {f"{topic}:0": 25, f"{topic}:1": 25}
+    assert len(rows) == 30 and end == {f"{topic}:0": 15, f"{topic}:1": 15}
     assert source.lag(end) == {f"{topic}:0": 0, f"{topic}:1": 0}
 
 
@@ -82,14 +82,14 @@ def test_same_plan_reads_same_records_and_columns(spark, kafka, new_topic):
 def test_restore_from_checkpointed_positions_loses_and_duplicates_nothing(spark, kafka, new_topic):
     topic = new_topic(partitions=2)
     kafka.produce(topic, records(40, 2))
-    before = open_source(spark, kafka, topic, max_records_per_partition_per_epoch=5)
-    committed_rows, checkpoint = read_epochs(before, before.initial_positions(), epochs=2)
+    before = open_source(spark, kafka, topic, max_records_per_partition_per_epoch=10)
+    committed_rows, checkpoint = read_epochs(before, before.initial_positions(), epochs=1)
     # Epochs after the checkpoint run, then the job crashes: their output is lost.
     read_epochs(before, checkpoint, epochs=1)
     before.close()
     kafka.produce(topic, records(10, 2, tag="late"))
 
-    after = open_source(spark, kafka, topic, max_records_per_partition_per_epoch=5)
+    after = open_source(spark, kafka, topic, max_records_per_partition_per_epoch=10)
     replayed, _ = read_epochs(after, dict(checkpoint))
 
     assert sorted(committed_rows + replayed) == kafka.read_committed(topic, partitions=2)
