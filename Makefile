@@ -22,6 +22,7 @@ $(VENV)/.installed: pyproject.toml
 bootstrap: check-java $(VENV)/.installed
 
 kafka-jars: bootstrap
+	@command -v mvn >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq maven >/dev/null; else echo "error: mvn (Apache Maven) is needed once to fetch the Kafka broker jars from Maven Central; install it (apt-get install maven)" >&2; exit 1; fi; }
 	bash scripts/fetch_kafka.sh
 
 demo: bootstrap

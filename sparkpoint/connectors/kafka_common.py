@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 
@@ -102,21 +102,6 @@ def decode_json(df: Any, schema: str, column: str = "value", into: str = "data")
     from pyspark.sql import functions as F
 
     return df.withColumn(into, F.from_json(F.col(column).cast("string"), schema))
-
-
-def records_to_arrow(rows: Iterable[tuple[bytes | None, bytes | None, str, int, int, int]]) -> pa.RecordBatch:
-    keys, values, topics, partitions, offsets, timestamps = ([] for _ in range(6))
-    for k, v, t, p, o, ts in rows:
-        keys.append(k)
-        values.append(v)
-        topics.append(t)
-        partitions.append(p)
-        offsets.append(o)
-        timestamps.append(ts)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(keys, pa.binary()), pa.array(values, pa.binary()), pa.array(topics, pa.string()),
-         pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
-         pa.array(timestamps, pa.int64())], schema=RECORD_ARROW_SCHEMA)
 
 
 # -- logging without alarm storms ----------------------------------------------------------

@@ -181,6 +181,13 @@ class KafkaSink(Sink):
             self._producer = self._make_producer(transactional=False)
             return
         fs = self._require_fs()
+        if handle is not None and (handle.get("version") != HANDLE_VERSION
+                                   or handle.get("mode") != self.mode):
+            raise ConfigError(
+                f"Kafka sink {self.name}: the restored checkpoint holds a handle of version "
+                f"{handle.get('version')} in mode {handle.get('mode')!r}, but this sink is "
+                f"version {HANDLE_VERSION} in mode {self.mode!r}; restore with the same sink "
+                "settings, or start from an empty state")
         self._generation = str(handle["generation"]) if handle else uuid.uuid4().hex[:12]
         self._open_files, self._sealed, self._last_committed = [], [], 0
         self._marker_consumer = self._make_marker_consumer()
@@ -265,10 +272,9 @@ class KafkaSink(Sink):
                 self._forget_published(checkpoint_id)
                 return
             todo = [s for s in segments if s.checkpoint_id > self._last_committed]
-        tables = [self._read_staged(f) for s in todo for f in s.files]
         # 3.-4. one transaction: rows + marker
         self._outcome_unknown = True
-        self._publish(checkpoint_id, tables)
+        self._publish(checkpoint_id, [f for s in todo for f in s.files])
         self._outcome_unknown = False
         self._last_committed = checkpoint_id
         # 5. durable record of the commit
@@ -298,13 +304,14 @@ class KafkaSink(Sink):
         self._last_committed = self._read_last_committed()
         self._outcome_unknown = False
 
-    def _publish(self, checkpoint_id: int, tables: list[pa.Table]) -> None:
+    def _publish(self, checkpoint_id: int, files: list[StagedFile]) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
         producer = self._producer
         try:
             producer.begin_transaction()
-            for table in tables:
+            for staged in files:  # one file in memory at a time
+                table = self._read_staged(staged)
                 self._produce_all(table.column("key"), table.column("value"))
             producer.send_offsets_to_transaction(
                 [TopicPartition(self.topic, 0, checkpoint_id)],

@@ -26,6 +26,8 @@ def check_java() -> str:
 def get_or_create_spark(master: str = "local[2]", app_name: str = "sparkpoint", shuffle_partitions: int = 2,
                         extra_conf: dict[str, str] | None = None):
     check_java()
+    # Everything binds to loopback: an embedded local run needs no network.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -40,6 +42,8 @@ def get_or_create_spark(master: str = "local[2]", app_name: str = "sparkpoint", 
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.memory", "2g")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
     )
     for k, v in (extra_conf or {}).items():
         builder = builder.config(k, v)

@@ -65,9 +65,11 @@ class KafkaBrokerError(SparkpointError):
     step; the broker's own log (path in the message) says why."""
 
 
-def ensure_kafka_jars(libs_dir: Path = DEFAULT_LIBS) -> Path:
-    """Download the broker jars once (idempotent); return their directory."""
-    if (libs_dir / ".complete").exists():
+def ensure_kafka_jars(libs_dir: Path = DEFAULT_LIBS, *, spark_connector: bool = False) -> Path:
+    """Download the broker jars once (idempotent); return their directory. With
+    `spark_connector`, also Spark's Kafka connector into `<libs_dir>/../spark-connector`."""
+    wanted = [libs_dir] + ([libs_dir.parent / "spark-connector"] if spark_connector else [])
+    if all((d / ".complete").exists() for d in wanted):
         return libs_dir
     if shutil.which("mvn") is None:
         raise KafkaBrokerError(
@@ -75,8 +77,9 @@ def ensure_kafka_jars(libs_dir: Path = DEFAULT_LIBS) -> Path:
             "install Maven (apt-get install maven) or run scripts/fetch_kafka.sh elsewhere "
             f"and copy the jars into {libs_dir}")
     env = dict(os.environ, SPARKPOINT_KAFKA_CACHE=str(libs_dir.parent))
-    done = subprocess.run(["bash", str(FETCH_SCRIPT)], env=env, capture_output=True, text=True)
-    if done.returncode != 0 or not (libs_dir / ".complete").exists():
+    args = ["bash", str(FETCH_SCRIPT)] + (["--spark-connector"] if spark_connector else [])
+    done = subprocess.run(args, env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not all((d / ".complete").exists() for d in wanted):
         raise KafkaBrokerError(f"fetching the Kafka jars failed ({FETCH_SCRIPT}):\n"
                                f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return libs_dir

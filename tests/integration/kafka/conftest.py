@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import pytest
 
 from kafka_support import KafkaTestClient
-from sparkpoint.testing.kafka_broker import KafkaBroker
+from sparkpoint.testing.kafka_broker import KafkaBroker, ensure_kafka_jars
 
 pytestmark = pytest.mark.kafka
 
@@ -29,9 +29,13 @@ def kafka(kafka_broker: KafkaBroker) -> Iterator[KafkaTestClient]:
 
 @pytest.fixture(scope="session")
 def spark():
+    from sparkpoint.connectors.kafka_common import spark_connector_jars
     from sparkpoint.runtime.spark import get_or_create_spark
 
-    return get_or_create_spark("local[2]", app_name="sparkpoint-kafka-tests", shuffle_partitions=2)
+    # Spark's own Kafka connector too, so both readers of KafkaSource are tested.
+    ensure_kafka_jars(spark_connector=True)
+    return get_or_create_spark("local[2]", app_name="sparkpoint-kafka-tests", shuffle_partitions=2,
+                               extra_conf={"spark.jars": ",".join(spark_connector_jars())})
 
 
 _topics = itertools.count()

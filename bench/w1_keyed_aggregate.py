@@ -1,0 +1,119 @@
+"""W1 on sparkpoint: KeyedAggregate(count, sum) over K keys, parallelism 2, in-process
+JobMaster, checkpoints OFF and every 1 s on the same data in the same process.
+
+    python bench/w1_keyed_aggregate.py [--events 5000000] [--keys 100000]
+        [--epoch-records 500000] [--modes off,on] [--runs 1] [--work /tmp/sparkpoint-bench]
+
+Prints one JSON line per run (prefixed `RESULT `) with events/s after start-up
+(from the end of epoch 0 to the end of the last epoch with data: excludes Spark
+warm-up, the final empty epoch and the final checkpoint), checkpoint p50/p99 and
+bytes per checkpoint. Checkpoint storage is a local directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import time
+from typing import Any
+
+from sparkpoint.api import KeyedAggregate
+from sparkpoint.api.pipeline import Pipeline
+from sparkpoint.config import Settings
+from sparkpoint.connectors.parquet_sink import ParquetSink
+from sparkpoint.runtime.jobmaster import JobMaster
+
+from w1_workload import W1, spark_session
+
+
+class MeasuredJobMaster(JobMaster):
+    """Records when each epoch ends and what each completed checkpoint cost; the job
+    itself runs unchanged."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch_ends: list[tuple[float, int, int]] = []  # (monotonic s, epoch, records so far)
+        self.checkpoints: list[tuple[int, int]] = []  # (duration ms, bytes)
+
+    def _setup(self) -> None:
+        super()._setup()
+        stats = self.coordinator.stats
+        report = stats.report_completed
+
+        def recording(checkpoint_id: int, duration_ms: int, size_bytes: int, completed_at_ms: int) -> None:
+            self.checkpoints.append((duration_ms, size_bytes))
+            report(checkpoint_id, duration_ms, size_bytes, completed_at_ms)
+
+        stats.report_completed = recording
+
+    def _run_one_epoch(self, plan, final: bool) -> None:
+        records_before = self.records
+        super()._run_one_epoch(plan, final)
+        if self.records > records_before:  # an epoch with data (not the final empty ones)
+            self.epoch_ends.append((time.monotonic(), self.epoch, self.records))
+
+
+def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
+    name = f"w1-{mode}-{run}"
+    root = os.path.join(work, name)
+    shutil.rmtree(root, ignore_errors=True)
+    pipeline = (Pipeline(name).source(w1.source())
+                .stateful(KeyedAggregate("w1", ["key"], "value", aggs=("count", "sum"), value_type="bigint"))
+                .sink(ParquetSink(os.path.join(root, "output"))))
+    settings = Settings.load(overrides={
+        "pipeline.name": name,
+        "parallelism.default": 2,
+        "execution.checkpointing.dir": os.path.join(root, "checkpoints"),
+        "execution.checkpointing.enabled": mode == "on",
+        "execution.checkpointing.interval": "1 s",
+        "state.local.dir": os.path.join(root, "state"),
+        "sparkpoint.progress": False,
+    })
+    job = MeasuredJobMaster(pipeline, settings, spark=spark)
+    started = time.monotonic()
+    result = job.run()
+    wall = time.monotonic() - started
+    (t0, _, r0), (t1, last_epoch, r1) = job.epoch_ends[0], job.epoch_ends[-1]
+    epoch_s = [b[0] - a[0] for a, b in zip(job.epoch_ends, job.epoch_ends[1:])]
+    # Checkpoints taken while data flowed: the forced final one (after the last epoch) is left out.
+    durations = [d for d, _ in job.checkpoints]
+    sizes = [b for _, b in job.checkpoints]
+    stats = job.coordinator.stats.snapshot()
+    out = {
+        "system": "sparkpoint", "config": f"ckpt-{mode}", "run": run, "events": result.records,
+        "keys": w1.keys, "epoch_records": w1.epoch_records, "epochs_with_data": len(job.epoch_ends),
+        "events_per_s": (r1 - r0) / (t1 - t0),
+        "wall_s": wall, "events_per_s_incl_startup": result.records / wall,
+        "epoch_s_median": statistics.median(epoch_s) if epoch_s else None,
+        "checkpoints_completed": len(job.checkpoints), "checkpoints_failed": int(stats.get("failed", 0)),
+        "ckpt_p50_ms": stats.get("duration_p50_ms"), "ckpt_p99_ms": stats.get("duration_p99_ms"),
+        "ckpt_bytes_median": statistics.median(sizes) if sizes else None,
+        "ckpt_bytes_max": max(sizes) if sizes else None,
+        "status": result.status.value,
+    }
+    shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=W1.events)
+    parser.add_argument("--keys", type=int, default=W1.keys)
+    parser.add_argument("--epoch-records", type=int, default=W1.epoch_records)
+    parser.add_argument("--modes", default="off,on")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--work", default="/tmp/sparkpoint-bench")
+    args = parser.parse_args()
+    w1 = W1(args.events, args.keys, args.epoch_records)
+    spark = spark_session("bench-w1-sparkpoint")
+    for run in range(args.runs):
+        for mode in args.modes.split(","):  # alternate modes so drift in load hits both alike
+            print("RESULT " + json.dumps(run_once(spark, w1, mode, args.work, run)), flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
