@@ -89,6 +89,7 @@ def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
         "wall_s": wall, "events_per_s_incl_startup": result.records / wall,
         "epoch_s_median": statistics.median(epoch_s) if epoch_s else None,
         "checkpoints_completed": len(job.checkpoints), "checkpoints_failed": int(stats.get("failed", 0)),
+        "ckpt_failures_by_reason": stats.get("failures_by_reason", {}),
         "ckpt_p50_ms": stats.get("duration_p50_ms"), "ckpt_p99_ms": stats.get("duration_p99_ms"),
         "ckpt_bytes_median": statistics.median(sizes) if sizes else None,
         "ckpt_bytes_max": max(sizes) if sizes else None,
@@ -106,12 +107,21 @@ def main() -> None:
     parser.add_argument("--modes", default="off,on")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--work", default="/tmp/sparkpoint-bench")
+    parser.add_argument("--warmup-events", type=int, default=1_000_000,
+                        help="a discarded run first, so JIT and Python workers are warm for every mode")
+    parser.add_argument("--first-run", type=int, default=0, help="run number of the first run (labels only)")
     args = parser.parse_args()
     w1 = W1(args.events, args.keys, args.epoch_records)
     spark = spark_session("bench-w1-sparkpoint")
-    for run in range(args.runs):
-        for mode in args.modes.split(","):  # alternate modes so drift in load hits both alike
-            print("RESULT " + json.dumps(run_once(spark, w1, mode, args.work, run)), flush=True)
+    if args.warmup_events:
+        run_once(spark, W1(args.warmup_events, args.keys, args.epoch_records), "on", args.work, -1)
+    modes = args.modes.split(",")
+    for run in range(args.first_run, args.first_run + args.runs):
+        # Alternate the order run by run so drift in the machine's load hits every mode alike.
+        for mode in (modes if run % 2 == 0 else modes[::-1]):
+            result = run_once(spark, w1, mode, args.work, run)
+            result["loadavg_1m_after"] = os.getloadavg()[0]
+            print("RESULT " + json.dumps(result), flush=True)
     spark.stop()
 
 

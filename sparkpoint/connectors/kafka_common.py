@@ -86,6 +86,14 @@ def spark_connector_jars() -> list[str]:
     return sorted(str(p) for p in SPARK_CONNECTOR_DIR.glob("*.jar"))
 
 
+def add_spark_connector(spark: Any) -> None:
+    """Make Spark's Kafka connector usable in a running session (ADD JAR reaches the
+    driver's data source lookup and the executors), for when the session was created
+    without the jars in `spark.jars`."""
+    for jar in spark_connector_jars():
+        spark.sql(f"ADD JAR '{jar}'")
+
+
 # -- decode helpers ---------------------------------------------------------------------
 def decode_utf8(df: Any, *columns: str) -> Any:
     """`df` with the binary `columns` (default: key and value) cast to UTF-8 strings."""

@@ -122,10 +122,6 @@ class KafkaSink(Sink):
                  transaction_timeout_s: float = 60.0, name: str = "kafka"):
         if mode not in ("exactly_once", "at_least_once"):
             raise ConfigError(f"KafkaSink mode={mode!r}; accepted: 'exactly_once', 'at_least_once'")
-        if mode == "exactly_once" and not staging_dir:
-            raise ConfigError("KafkaSink(mode='exactly_once') needs staging_dir: a durable "
-                              "directory or URL every run of the job can read (e.g. beside the "
-                              "checkpoint directory), where rows wait for their checkpoint")
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.value_column = value_column
@@ -133,8 +129,9 @@ class KafkaSink(Sink):
         self.mode = mode
         self.transactional_id_prefix = transactional_id_prefix
         self.name = name
-        self._staging_url = staging_dir
-        self._staging_options = dict(staging_options or {})
+        # None: the runtime puts staging beside the job's checkpoints before open().
+        self.staging_dir = staging_dir
+        self.staging_options = dict(staging_options or {})
         self._client_config = dict(client_config or {})
         self._timeout_s = transaction_timeout_s
         self._job_name: str | None = None
@@ -162,8 +159,12 @@ class KafkaSink(Sink):
     def open(self, job_name: str) -> None:
         self._job_name = job_name
         if self.mode == "exactly_once":
-            assert self._staging_url is not None
-            self._fs = StorageFS.from_url(self._staging_url, self._staging_options)
+            if not self.staging_dir:
+                raise ConfigError("KafkaSink(mode='exactly_once') needs staging_dir: a durable "
+                                  "directory or URL every run of the job can read (the runtime "
+                                  "uses <checkpoint dir>/<job>/sinks/<name> by default), where rows "
+                                  "wait for their checkpoint")
+            self._fs = StorageFS.from_url(self.staging_dir, self.staging_options)
             self._dir = f"{self._fs.root}/{job_name}/{self.name}"
             self._fs.makedirs(self._dir)
 

@@ -35,7 +35,7 @@ from sparkpoint.errors import ConfigError, KafkaConnectorError
 log = logging.getLogger(__name__)
 
 StartingPosition = Literal["earliest", "latest", "committed"] | Mapping[str, int]
-Reader = Literal["confluent", "spark"]
+Reader = Literal["auto", "confluent", "spark"]
 
 OFFSET_COMMIT_FAILURES = Counter(
     "sparkpoint_kafka_offset_commit_failures",
@@ -350,6 +350,11 @@ class KafkaSource(Source):
     "committed" (the consumer group's offsets; earliest where it has none), or
     {"timestamp": epoch_ms} (first record at or after it). Partitions discovered later
     always start at their earliest offset, so none of their records is skipped.
+
+    reader: "confluent" (confluent-kafka in mapInArrow; needs nothing on the JVM),
+    "spark" (Spark's Kafka connector; its jars in spark.jars, Java client settings in
+    spark_options), or "auto" (spark when available and configurable, see
+    `_choose_reader`). Both read the same bounded ranges with read_committed.
     """
 
     name = "kafka"
@@ -360,7 +365,7 @@ class KafkaSource(Source):
                  client_config: Mapping[str, Any] | None = None,
                  commit_backoff_ms: int = 100, commit_backoff_max_ms: int = 10_000,
                  commit_timeout_ms: int = 10_000, commit_log_interval_s: float = 60.0,
-                 reader: Reader = "confluent", spark_options: Mapping[str, str] | None = None,
+                 reader: Reader = "auto", spark_options: Mapping[str, str] | None = None,
                  records_per_task: int = 500_000, fail_on_data_loss: bool = True,
                  name: str = "kafka"):
         self.topics = [topics] if isinstance(topics, str) else list(topics)
@@ -372,8 +377,8 @@ class KafkaSource(Source):
                               "group whose committed offsets to start from")
         if max_records_per_partition_per_epoch < 1 or records_per_task < 1:
             raise ConfigError("max_records_per_partition_per_epoch and records_per_task must be >= 1")
-        if reader not in ("confluent", "spark"):
-            raise ConfigError(f"KafkaSource reader={reader!r}; accepted: 'confluent', 'spark'")
+        if reader not in ("auto", "confluent", "spark"):
+            raise ConfigError(f"KafkaSource reader={reader!r}; accepted: 'auto', 'confluent', 'spark'")
         self.bootstrap_servers = bootstrap_servers
         self.group_id = group_id
         self.max_records = max_records_per_partition_per_epoch
@@ -399,7 +404,10 @@ class KafkaSource(Source):
     def open(self, ctx: SourceContext) -> None:
         from confluent_kafka import Consumer
 
+        if self._consumer is not None:  # opened again after a failover: start clean
+            self.close()
         self._spark = ctx.spark
+        self._reader_kind = self._choose_reader(ctx.spark)
         # The driver's consumer only asks for metadata and offsets; it never joins the
         # group or commits, so it cannot trigger rebalances of the group's real members.
         self._consumer = Consumer(self._consumer_config(self.group_id or f"sparkpoint-{ctx.job_name}"))
@@ -482,6 +490,18 @@ class KafkaSource(Source):
             fixed["group_id"] = group_id
         return consumer_config(self.bootstrap_servers, self._client_config, **fixed)
 
+    def _choose_reader(self, spark: Any) -> Reader:
+        """"auto": Spark's connector when the session has it (faster in
+        bench/kafka_read.py), unless client settings are given only in librdkafka's
+        vocabulary (client_config without spark_options), which it cannot read."""
+        if self._reader_kind != "auto":
+            return self._reader_kind
+        if self._client_config and not self._spark_options:
+            return "confluent"
+        chosen: Reader = "spark" if _spark_has_kafka_connector(spark) else "confluent"
+        log.info("Kafka source %s reads with the %s reader", self.name, chosen)
+        return chosen
+
     def _reader(self) -> ConfluentReader | SparkKafkaReader:
         if self._reader_kind == "spark":
             return SparkKafkaReader(self.bootstrap_servers, self._spark_options)
@@ -553,6 +573,16 @@ class KafkaSource(Source):
                                       "fail_on_data_loss=False to skip them")
         self._data_loss_log.warning(message + "; skipping them (fail_on_data_loss=False)")
         return earliest
+
+
+def _spark_has_kafka_connector(spark: Any) -> bool:
+    try:
+        jvm = spark._jvm
+        jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+            "kafka", spark._jsparkSession.sessionState().conf())
+        return True
+    except Exception:  # not on the classpath, or no JVM access (Spark Connect)
+        return False
 
 
 def _validate_starting(starting: StartingPosition) -> StartingPosition:

@@ -167,6 +167,16 @@ class JobMaster:
             start_http_server(s.metrics_port, addr="127.0.0.1", registry=self.coordinator.stats.registry)
         if self._spark is None:
             self._spark = get_or_create_spark(s.spark_master, f"sparkpoint:{self.job_name}", self.P, s.spark_conf)
+        if self.operator is not None:
+            from sparkpoint.runtime.user_code import ship_by_value
+
+            ship_by_value(self.operator, getattr(self.operator, "_factory", None))
+        if getattr(self.sink, "staging_dir", False) is None:
+            # Sinks that stage rows durably between pre-commit and commit (Kafka) keep
+            # them beside the job's checkpoints unless told otherwise.
+            self.sink.staging_dir = f"{s.checkpoint_dir.rstrip('/')}/{self.job_name}/sinks/{self.sink.name}"
+            if hasattr(self.sink, "staging_options") and not self.sink.staging_options:
+                self.sink.staging_options = dict(s.storage_options)
         self.source.open(SourceContext(self._spark, self.job_name))
         self.sink.open(self.job_name)
 
@@ -307,12 +317,17 @@ class JobMaster:
                     f"{self.storage.url}: starting would mix two runs' output. Use an empty output directory, "
                     f"or the checkpoint directory of the run that wrote it")
         shutil.rmtree(self.local_root, ignore_errors=True)
+        # Earlier restore attempts (of checkpoints that turned out corrupt) left the state
+        # participants marked restoring; starting empty there is nothing to wait for.
+        self.gateway.set_restoring([])
         self.epoch = -1
         self.max_event_time = None
         self.restored_from = None
         self.positions = self.source.initial_positions()
         self.sink.recover(None)
-        log.info("job %s starts from scratch (no completed checkpoint)", self.job_name)
+        log.info("job %s starts from scratch (%s)", self.job_name,
+                 "no completed checkpoint" if not self._bad_checkpoints else
+                 f"restore.mode=empty and none of the completed checkpoints restores: {sorted(self._bad_checkpoints)}")
 
     def _restore_from(self, data: CompletedCheckpointData) -> None:
         handles = data.handles
@@ -510,9 +525,10 @@ class JobMaster:
                                    cancel=cancel, hash_cache=self.hash_cache)
 
         def done(fut: Future) -> None:
-            error = fut.exception()
-            if isinstance(error, SnapshotCancelled) or (error is None and fut.cancelled()):
+            # A future cancelled before it ran (pool shut down) raises from exception().
+            if fut.cancelled() or isinstance(fut.exception(), SnapshotCancelled):
                 return  # the checkpoint was aborted; the abort path owns it
+            error = fut.exception()
             if error is not None:
                 log.warning("checkpoint %d: asynchronous snapshot of %s failed: %s", checkpoint_id, participant,
                             _summary(error))

@@ -214,7 +214,8 @@ class KafkaBroker:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
-            "log.flush.interval.messages": "9223372036854775807",
+            # Keep everything: tests write records with old timestamps on purpose.
+            "log.retention.ms": "-1",
             **self.extra_config,
         }
         path = self.workdir / "server.properties"

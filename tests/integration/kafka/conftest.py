@@ -11,7 +11,6 @@ import pytest
 from kafka_support import KafkaTestClient
 from sparkpoint.testing.kafka_broker import KafkaBroker, ensure_kafka_jars
 
-pytestmark = pytest.mark.kafka
 
 
 @pytest.fixture(scope="session")
@@ -29,13 +28,15 @@ def kafka(kafka_broker: KafkaBroker) -> Iterator[KafkaTestClient]:
 
 @pytest.fixture(scope="session")
 def spark():
-    from sparkpoint.connectors.kafka_common import spark_connector_jars
+    from sparkpoint.connectors.kafka_common import add_spark_connector
     from sparkpoint.runtime.spark import get_or_create_spark
 
-    # Spark's own Kafka connector too, so both readers of KafkaSource are tested.
+    # The one session of this test process, plus Spark's own Kafka connector so both
+    # readers of KafkaSource are tested.
     ensure_kafka_jars(spark_connector=True)
-    return get_or_create_spark("local[2]", app_name="sparkpoint-kafka-tests", shuffle_partitions=2,
-                               extra_conf={"spark.jars": ",".join(spark_connector_jars())})
+    session = get_or_create_spark("local[2]", "tests", 2)
+    add_spark_connector(session)
+    return session
 
 
 _topics = itertools.count()

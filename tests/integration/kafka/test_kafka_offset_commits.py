@@ -126,7 +126,9 @@ def test_commit_due_while_broker_is_down_succeeds_after_restart(tmp_path, caplog
             broker.start()
             assert source.committer.wait_idle(60)
 
-        assert KafkaTestClient(broker.bootstrap_servers).committed_offsets("g-outage", "outage", 1) == {0: 2}
+        after_restart = KafkaTestClient(broker.bootstrap_servers)   # same port as before
+        assert after_restart.committed_offsets("g-outage", "outage", 1) == {0: 2}
+        assert [v for *_, v in after_restart.read_committed("outage")] == [b"a", b"b"]  # data kept
         assert failures_metric("g-outage") - before == source.committer.failed_attempts
         commit_warnings = [r for r in caplog.records if "committing offsets" in r.getMessage()]
         assert len(commit_warnings) == 1   # one line per minute, not one per retry

@@ -190,7 +190,8 @@ def test_at_least_once_publishes_at_pre_commit(kafka, new_topic, make_sink):
 
 
 def test_exactly_once_needs_a_staging_dir():
+    """Standalone use needs one; inside a job the runtime supplies <checkpoint dir>/<job>/sinks/<name>."""
     from sparkpoint.errors import ConfigError
 
     with pytest.raises(ConfigError, match="staging_dir"):
-        KafkaSink("127.0.0.1:1", "t")
+        KafkaSink("127.0.0.1:1", "t").open("job")

@@ -1,0 +1,81 @@
+"""Where one sparkpoint W1 epoch's time goes: the Spark job (`run_epoch`, of which the
+subtasks' state apply inside the Python workers), the sink write, and the driver's
+snapshot start. Checkpoints every 1 s; one process; prints a per-epoch table.
+
+    python bench/w1_epoch_profile.py [--events 3000000] [--keys 100000] [--epoch-records 500000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import time
+
+import sparkpoint.runtime.jobmaster as jobmaster_module
+from sparkpoint.api import KeyedAggregate
+from sparkpoint.api.pipeline import Pipeline
+from sparkpoint.config import Settings
+from sparkpoint.connectors.parquet_sink import ParquetSink
+
+from w1_workload import W1, spark_session
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=3_000_000)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--epoch-records", type=int, default=500_000)
+    parser.add_argument("--checkpoints", choices=["on", "off"], default="on")
+    parser.add_argument("--work", default="/tmp/sparkpoint-bench")
+    args = parser.parse_args()
+    w1 = W1(args.events, args.keys, args.epoch_records)
+    spark = spark_session("bench-w1-profile")
+    rows: list[dict[str, float]] = []
+    real_run_epoch = jobmaster_module.run_epoch
+
+    def timed_run_epoch(*a, **kw):
+        t0 = time.perf_counter()
+        result = real_run_epoch(*a, **kw)
+        rows.append({"epoch": a[-1], "run_epoch_s": time.perf_counter() - t0,
+                     "subtask_max_s": max(result.subtask_ms.values(), default=0) / 1000,
+                     "subtask_sum_s": sum(result.subtask_ms.values()) / 1000, "records": result.input_records})
+        return result
+
+    class ProfiledJobMaster(jobmaster_module.JobMaster):
+        def _run_one_epoch(self, plan, final: bool) -> None:
+            t0 = time.perf_counter()
+            super()._run_one_epoch(plan, final)
+            if rows:
+                rows[-1]["epoch_total_s"] = time.perf_counter() - t0
+
+    jobmaster_module.run_epoch = timed_run_epoch
+    root = os.path.join(args.work, "profile")
+    shutil.rmtree(root, ignore_errors=True)
+    pipeline = (Pipeline("w1-profile").source(w1.source())
+                .stateful(KeyedAggregate("w1", ["key"], "value", aggs=("count", "sum"), value_type="bigint"))
+                .sink(ParquetSink(os.path.join(root, "output"))))
+    settings = Settings.load(overrides={
+        "pipeline.name": "w1-profile", "execution.checkpointing.dir": os.path.join(root, "checkpoints"),
+        "execution.checkpointing.enabled": args.checkpoints == "on", "execution.checkpointing.interval": "1 s",
+        "state.local.dir": os.path.join(root, "state"), "sparkpoint.progress": False})
+    ProfiledJobMaster(pipeline, settings, spark=spark).run()
+    print(f"{'epoch':>5} {'records':>9} {'epoch s':>8} {'run_epoch s':>11} {'subtask max s':>13} "
+          f"{'subtask sum s':>13} {'driver rest s':>13}")
+    for r in rows:
+        rest = r.get("epoch_total_s", 0) - r["run_epoch_s"]
+        print(f"{r['epoch']:>5} {r['records']:>9,} {r.get('epoch_total_s', 0):>8.2f} {r['run_epoch_s']:>11.2f} "
+              f"{r['subtask_max_s']:>13.2f} {r['subtask_sum_s']:>13.2f} {rest:>13.3f}")
+    steady = [r for r in rows[1:] if r["records"]]
+    if steady:
+        print("median after epoch 0: epoch %.2f s, run_epoch %.2f s, subtask max %.2f s" % (
+            statistics.median(r.get("epoch_total_s", 0) for r in steady),
+            statistics.median(r["run_epoch_s"] for r in steady),
+            statistics.median(r["subtask_max_s"] for r in steady)))
+    shutil.rmtree(root, ignore_errors=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Issue 4 acceptance: exactly-once with checkpoint storage on an S3 API (a moto server
+on 127.0.0.1): a real pipeline process is SIGKILLed after it completed checkpoints on
+S3, restarted, and its committed output equals the failure-free run's."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from sparkpoint.state.snapshot import verify_snapshot
+from tests.e2e.harness import canonical
+from tests.e2e.storage_support import (
+    completed_checkpoints,
+    completed_ids,
+    job_storage,
+    make_job,
+    reference,
+    state_handles,
+)
+
+pytestmark = pytest.mark.e2e
+
+BUCKET = "sparkpoint-e2e"
+
+
+@pytest.fixture(scope="module")
+def s3_options() -> Iterator[dict]:
+    """How s3fs takes an endpoint and credentials (passed as
+    execution.checkpointing.storage-options)."""
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
+                 aws_secret_access_key="test").create_bucket(Bucket=BUCKET)
+    try:
+        yield {"key": "test", "secret": "test",
+               "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    finally:
+        server.stop()
+
+
+def test_sigkill_and_restart_with_checkpoints_on_s3_is_exactly_once(tmp_path: Path, tmp_path_factory,
+                                                                      s3_options: dict) -> None:
+    expected = reference(tmp_path_factory).rows
+    url = f"s3://{BUCKET}/ckpt"
+    job = make_job(tmp_path / "job", checkpoint_dir=url,
+                   sets=[f"execution.checkpointing.storage-options={json.dumps(s3_options)}"])
+
+    first = job.start()
+    deadline = time.monotonic() + 300
+    while first.count(r"completed checkpoint \d+ of job") < 2:
+        assert first.popen.poll() is None, first.text[-3000:]
+        assert time.monotonic() < deadline, first.text[-3000:]
+        time.sleep(0.2)
+    first.kill9()
+    fs, layout = job_storage(url, {**s3_options, "skip_instance_cache": True})
+    before = completed_checkpoints(fs, layout)
+    assert before, "the killed run completed checkpoints on S3"
+
+    second = job.run(timeout=300)
+
+    assert second.popen.returncode == 0, second.text[-3000:]
+    assert f"restores checkpoint {max(before)}" in second.text
+    assert min(completed_ids(second)) > max(before)
+    assert canonical(job.output(), drop=()) == expected
+    after = completed_checkpoints(fs, layout)
+    for data in after.values():
+        for participant, handle in state_handles(data).items():
+            assert verify_snapshot(handle, fs, layout) == [], participant

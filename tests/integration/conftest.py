@@ -1,0 +1,13 @@
+"""One local SparkSession for every in-process integration test (starting one costs
+~20 s on this machine; the runtime never stops a session it was handed)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from sparkpoint.runtime.spark import get_or_create_spark
+
+    return get_or_create_spark("local[2]", "tests", 2)

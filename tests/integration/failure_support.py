@@ -1,0 +1,167 @@
+"""Shared pieces of the checkpoint-failure rehearsals (tests/integration/test_failure_paths.py
+and tests/e2e/test_seed_scenarios.py): one windowed pipeline, its exact expected output,
+and a JobMaster that records what a user would observe."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkpoint import GeneratorSource, ParquetSink, Pipeline, Settings, TumblingWindow
+from sparkpoint.checkpoint.alarms import CheckpointFailureEvent
+from sparkpoint.checkpoint.reasons import CheckpointFailureReason
+from sparkpoint.runtime.jobmaster import JobMaster
+from sparkpoint.storage.layout import checkpoint_id_in_path
+from sparkpoint.testing.faults import FaultyStorageFS
+
+WINDOW_MS = 2_000
+
+
+@dataclass(frozen=True)
+class Events:
+    """The generated input. Window output (count and sum per key and 2 s window) does not
+    depend on epoch boundaries, so any run, with or without failures, must produce
+    exactly the rows of `expected_windows`."""
+
+    keys: int = 200
+    total: int = 60_000
+    per_epoch: int = 4_000
+    splits: int = 2
+    disorder_ms: int = 1_000
+
+    def source(self) -> GeneratorSource:
+        return GeneratorSource("events", keys=self.keys, total_events=self.total,
+                               max_records_per_epoch=self.per_epoch, splits=self.splits,
+                               disorder_ms=self.disorder_ms)
+
+    def pipeline(self, name: str, out: Path) -> Pipeline:
+        return (Pipeline(name).source(self.source())
+                .watermark("ts", delay="2 s")
+                .stateful(TumblingWindow("windows", ["key"], "ts", size_ms=WINDOW_MS, aggs=("count", "sum"),
+                                         value_column="value", value_type="bigint"))
+                .sink(ParquetSink(str(out))))
+
+
+def expected_windows(spark, events: Events) -> list[tuple]:
+    """The failure-free answer, computed in one batch over every event: the same rows a
+    failure-free streaming run commits (the watermark delay exceeds the disorder, so no
+    event is late), sorted like `tests.e2e.harness.canonical`."""
+    from pyspark.sql import functions as F
+
+    from sparkpoint.connectors.base import SlicePlan, SourceContext
+
+    source = events.source()
+    source.open(SourceContext(spark, "oracle"))
+    start = source.initial_positions()
+    end = {split: source._split_total(int(split)) for split in start}
+    rows = (source.read(SlicePlan(start, end))
+            .withColumn("window_start", F.col("ts") - F.pmod("ts", F.lit(WINDOW_MS)))
+            .groupBy("key", "window_start")
+            .agg(F.count(F.lit(1)).alias("count"), F.sum("value").alias("sum"))
+            .select("key", "window_start", (F.col("window_start") + WINDOW_MS).alias("window_end"), "count", "sum")
+            .collect())
+    return sorted(tuple(r) for r in rows)
+
+
+def settings(root: Path, name: str, faults: list[dict[str, Any]], **extra: Any) -> Settings:
+    return Settings.load(overrides={
+        "pipeline.name": name,
+        "execution.checkpointing.dir": str(root / "checkpoints"),
+        "state.local.dir": str(root / "state"),
+        "execution.checkpointing.interval": "1 s",
+        "parallelism.default": 2,
+        "sparkpoint.progress": False,
+        "restart-strategy.type": "fixed-delay",
+        "restart-strategy.fixed-delay.delay": "100 ms",
+        "sparkpoint.faults": faults,
+        **extra,
+    })
+
+
+class ObservedJob(JobMaster):
+    """A JobMaster that keeps the alarm events and the ids of completed checkpoints."""
+
+    def _setup(self) -> None:
+        super()._setup()
+        self.alarms: list[CheckpointFailureEvent] = []
+        self.completed_ids: list[int] = []
+        # checkpoint id -> when its first failure was reported (same clock as RecordingStorageFS)
+        self.first_failure_seq: dict[int | None, int] = {}
+        self.coordinator.alarms.register(self._on_alarm)
+
+    def _on_alarm(self, event: CheckpointFailureEvent) -> None:
+        self.first_failure_seq.setdefault(event.checkpoint_id, next_seq())
+        self.alarms.append(event)
+
+    def _on_checkpoint_complete(self, checkpoint_id, data) -> None:
+        self.completed_ids.append(checkpoint_id)
+        super()._on_checkpoint_complete(checkpoint_id, data)
+
+    def failures(self, checkpoint_id: int) -> list[CheckpointFailureEvent]:
+        return [e for e in self.alarms if e.checkpoint_id == checkpoint_id]
+
+    def counted(self) -> list[CheckpointFailureEvent]:
+        return [e for e in self.alarms if e.counted]
+
+    def reasons(self) -> dict[str, int]:
+        """Every failure and refusal by reason, including "not now" ones (no alarm)."""
+        return dict(self.coordinator.stats.snapshot()["failures_by_reason"])
+
+    def counted_reasons(self) -> set[CheckpointFailureReason]:
+        return {e.reason for e in self.counted()}
+
+
+# -- storage operations in the order they really happened --------------------------------
+_sequence = itertools.count()
+_sequence_lock = threading.Lock()
+
+
+def next_seq() -> int:
+    with _sequence_lock:
+        return next(_sequence)
+
+
+@dataclass(frozen=True)
+class StorageOp:
+    seq: int
+    kind: str  # "wrote" (after the write finished) or "delete" (before the delete started)
+    path: str
+
+    @property
+    def checkpoint_id(self) -> int | None:
+        return checkpoint_id_in_path(self.path)
+
+
+class RecordingStorageFS(FaultyStorageFS):
+    """Records when each write *finished* and when each delete *started*, so a test can
+    prove no write into a checkpoint directory landed after that directory was deleted
+    (seed 000). Install with monkeypatch on `sparkpoint.testing.faults.FaultyStorageFS`;
+    the runtime builds it whenever `sparkpoint.faults` holds a storage rule."""
+
+    log: list[StorageOp] = []
+
+    def _record(self, kind: str, path: str) -> None:
+        RecordingStorageFS.log.append(StorageOp(next_seq(), kind, path))
+
+    def put_file(self, local_path: str, path: str) -> None:
+        super().put_file(local_path, path)
+        self._record("wrote", path)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        super().write_atomic(path, data)
+        self._record("wrote", path)
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        super().create_exclusive(path, data)
+        self._record("wrote", path)
+
+    def makedirs(self, path: str) -> None:
+        super().makedirs(path)
+        self._record("wrote", path)
+
+    def rm(self, path: str, recursive: bool = False) -> None:
+        self._record("delete", path)
+        super().rm(path, recursive=recursive)
