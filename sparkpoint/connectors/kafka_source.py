@@ -46,6 +46,9 @@ OFFSET_COMMITS = Counter(
     ["group"])
 
 _METADATA_TIMEOUT_S = 30.0
+# Planning runs on the job's main thread between epochs: a broker that does not answer
+# within this is taken as "no new data this epoch", and asked again next time.
+_PLAN_TIMEOUT_S = 5.0
 
 
 # -- offset commits after checkpoint completion --------------------------------------------
@@ -355,6 +358,13 @@ class KafkaSource(Source):
     "spark" (Spark's Kafka connector; its jars in spark.jars, Java client settings in
     spark_options), or "auto" (spark when available and configurable, see
     `_choose_reader`). Both read the same bounded ranges with read_committed.
+
+    bounded: finish (final checkpoint, status FINISHED) once every partition reached
+    the last stable offset it had when this run first looked. Each run looks again,
+    so a restarted run also reads what arrived in between. Default: never finish.
+
+    A broker that cannot be reached while planning is not an error: the epoch reads
+    nothing, a warning is logged at most once a minute, and planning retries.
     """
 
     name = "kafka"
@@ -367,7 +377,7 @@ class KafkaSource(Source):
                  commit_timeout_ms: int = 10_000, commit_log_interval_s: float = 60.0,
                  reader: Reader = "auto", spark_options: Mapping[str, str] | None = None,
                  records_per_task: int = 500_000, fail_on_data_loss: bool = True,
-                 name: str = "kafka"):
+                 bounded: bool = False, name: str = "kafka"):
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics:
             raise ConfigError("KafkaSource needs at least one topic")
@@ -384,6 +394,7 @@ class KafkaSource(Source):
         self.max_records = max_records_per_partition_per_epoch
         self.records_per_task = records_per_task
         self.fail_on_data_loss = fail_on_data_loss
+        self.bounded = bounded
         self.name = name
         self._client_config = dict(client_config or {})
         self._commit_settings = (commit_backoff_ms, commit_backoff_max_ms, commit_timeout_ms,
@@ -395,6 +406,8 @@ class KafkaSource(Source):
         self._offset_writer: GroupOffsetWriter | None = None
         self._committer: OffsetCommitter | None = None
         self._data_loss_log = RateLimitedLog(log, 60.0)
+        self._unreachable_log = RateLimitedLog(log, 60.0)
+        self._end_offsets: Positions | None = None   # bounded: where this run stops
 
     @property
     def schema(self) -> str:
@@ -421,6 +434,9 @@ class KafkaSource(Source):
 
     def close(self) -> None:
         if self._committer is not None:
+            # The last checkpoint's offsets were queued just before close (a bounded
+            # job's final checkpoint): give them one commit timeout to reach the group.
+            self._committer.wait_idle(timeout_s=self._commit_settings[2] / 1000)
             # Let an attempt in flight finish before its consumer is closed under it.
             self._committer.close(timeout_s=self._commit_settings[2] / 1000 + 1)
         if self._offset_writer is not None:
@@ -447,7 +463,14 @@ class KafkaSource(Source):
 
     def discover(self, positions: Positions) -> Positions:
         found = dict(positions)
-        for s in self._all_splits():
+        try:
+            splits = self._all_splits(timeout_s=_PLAN_TIMEOUT_S)
+        except KafkaConnectorError as e:
+            if not positions:
+                raise
+            self._warn_unreachable(e)
+            return found
+        for s in splits:
             if s not in found:
                 found[s] = self._watermarks(s)[0]
                 log.info("Kafka source %s: new partition %s, reading from offset %d",
@@ -455,10 +478,15 @@ class KafkaSource(Source):
         return found
 
     def plan(self, positions: Positions) -> SlicePlan:
+        try:
+            marks = {s: self._watermarks(s, _PLAN_TIMEOUT_S) for s in positions}
+        except KafkaConnectorError as e:
+            self._warn_unreachable(e)
+            return SlicePlan(start=dict(positions), end=dict(positions))
         start: Positions = {}
         end: Positions = {}
         for s, pos in positions.items():
-            low, high = self._watermarks(s)
+            low, high = marks[s]
             pos = int(pos)
             if pos < low:
                 pos = self._on_data_loss(s, pos, low)
@@ -473,7 +501,25 @@ class KafkaSource(Source):
         return self._reader().read(self._spark, ranges)
 
     def lag(self, positions: Positions) -> Mapping[str, int]:
-        return {s: max(0, self._watermarks(s)[1] - int(p)) for s, p in positions.items()}
+        try:
+            return {s: max(0, self._watermarks(s, _PLAN_TIMEOUT_S)[1] - int(p))
+                    for s, p in positions.items()}
+        except KafkaConnectorError:
+            return {}  # best effort; plan() already warns about an unreachable broker
+
+    def is_exhausted(self, positions: Positions) -> bool:
+        if not self.bounded:
+            return False
+        if self._end_offsets is None:
+            try:
+                self._end_offsets = {s: self._watermarks(s, _PLAN_TIMEOUT_S)[1]
+                                     for s in self._all_splits(timeout_s=_PLAN_TIMEOUT_S)}
+            except KafkaConnectorError as e:
+                self._warn_unreachable(e)
+                return False
+            log.info("Kafka source %s (bounded): this run stops at offsets %s", self.name,
+                     self._end_offsets)
+        return all(int(positions.get(s, 0)) >= end for s, end in self._end_offsets.items())
 
     def notify_checkpoint_complete(self, checkpoint_id: int, positions: Positions) -> None:
         try:
@@ -521,8 +567,19 @@ class KafkaSource(Source):
                                           min(int(end), chunk_start + self.records_per_task)))
         return ranges
 
-    def _all_splits(self) -> list[str]:
-        metadata = self._consumer.list_topics(timeout=_METADATA_TIMEOUT_S)
+    def _warn_unreachable(self, error: Exception) -> None:
+        self._unreachable_log.warning(
+            "Kafka source %s: %s; reading nothing until the brokers answer (the job keeps "
+            "running and its checkpoints go on)", self.name, error)
+
+    def _all_splits(self, timeout_s: float = _METADATA_TIMEOUT_S) -> list[str]:
+        from confluent_kafka import KafkaException
+
+        try:
+            metadata = self._consumer.list_topics(timeout=timeout_s)
+        except KafkaException as e:
+            raise KafkaConnectorError(f"could not list the topics of {self.bootstrap_servers}: "
+                                      f"{e}") from e
         splits = []
         for topic in self.topics:
             info = metadata.topics.get(topic)
@@ -533,13 +590,13 @@ class KafkaSource(Source):
             splits.extend(split_id(topic, p) for p in sorted(info.partitions))
         return splits
 
-    def _watermarks(self, split: str) -> tuple[int, int]:
+    def _watermarks(self, split: str, timeout_s: float = _METADATA_TIMEOUT_S) -> tuple[int, int]:
         """(earliest, last stable) offsets; the high mark honours read_committed."""
         from confluent_kafka import TopicPartition
 
         try:
             low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(*parse_split(split)), timeout=_METADATA_TIMEOUT_S, cached=False)
+                TopicPartition(*parse_split(split)), timeout=timeout_s, cached=False)
         except Exception as e:
             raise KafkaConnectorError(f"could not read the offsets of {split} from "
                                       f"{self.bootstrap_servers}: {e}") from e

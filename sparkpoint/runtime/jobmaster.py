@@ -30,7 +30,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from sparkpoint.api.pipeline import Pipeline
 from sparkpoint.checkpoint import (
@@ -195,6 +195,12 @@ class JobMaster:
     def cancel(self) -> None:
         self._stop.set()
 
+    def trigger_checkpoint(self) -> Future:
+        """A manual checkpoint: skips the min-pause and max-concurrent checks, like Flink's
+        forced checkpoints. The future completes with the checkpoint's metadata."""
+        log.info("manual checkpoint requested")
+        return self.coordinator.trigger_checkpoint(forced=True)
+
     def run(self) -> JobResult:
         self._setup()
         prev_handlers = self._install_signal_handlers()
@@ -211,6 +217,9 @@ class JobMaster:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 handlers[sig] = signal.getsignal(sig)
                 signal.signal(sig, lambda *_: self.cancel())
+            # `kill -USR1 <pid>`: take a manual (forced) checkpoint now.
+            handlers[signal.SIGUSR1] = signal.getsignal(signal.SIGUSR1)
+            signal.signal(signal.SIGUSR1, lambda *_: self.trigger_checkpoint())
         return handlers
 
     def _run_with_restarts(self) -> JobResult:
@@ -437,52 +446,48 @@ class JobMaster:
         checkpoint so the final output is committed."""
         if self.final_done:
             return
-        from sparkpoint.connectors.base import SlicePlan
-
-        self._run_one_epoch(SlicePlan(dict(self.positions), dict(self.positions)), final=True)
+        self._run_empty_epoch()
         # Let checkpoints already in flight finish first, so the final one is not
         # declined as subsumed alongside them.
         deadline = time.monotonic() + self.settings.checkpoint_timeout_ms / 1000
-        while self.coordinator.pending_checkpoint_ids() and time.monotonic() < deadline:
-            if self._failover_reason:
-                raise FailoverRequired(self._failover_reason)
-            if self._stop.is_set():
-                return
-            if self.gateway.has_barrier():
-                self._run_one_epoch(SlicePlan(dict(self.positions), dict(self.positions)), final=True)
-            else:
-                time.sleep(0.02)
+        if not self._carry_barriers_until(lambda: not self.coordinator.pending_checkpoint_ids()
+                                          or time.monotonic() > deadline):
+            return
         for attempt in range(1, 11):
-            if self._stop.is_set():
-                return
             fut: Future = self.coordinator.trigger_checkpoint(forced=True)
+            if not self._carry_barriers_until(fut.done):
+                return  # stopped: the job ends CANCELED, its output uncommitted but staged
             try:
-                self._drive_until(fut)
-                self.final_done = True
-                self.gateway.drain_commits()
-                return
-            except FailoverRequired:
-                raise
+                fut.result()
             except Exception as e:
                 log.warning("final checkpoint attempt %d failed: %s; retrying", attempt, _summary(e))
                 time.sleep(min(5.0, 0.2 * attempt))
+                continue
+            self.final_done = True
+            self.gateway.drain_commits()
+            return
         raise FailoverRequired("the final checkpoint failed 10 times")
 
-    def _drive_until(self, fut: Future) -> None:
-        """Keep carrying barriers (with empty epochs) until `fut` is resolved."""
+    def _run_empty_epoch(self) -> None:
+        """An epoch with no input: fires what the final watermark releases and carries a barrier."""
         from sparkpoint.connectors.base import SlicePlan
 
-        while not fut.done():
+        self._run_one_epoch(SlicePlan(dict(self.positions), dict(self.positions)), final=True)
+
+    def _carry_barriers_until(self, done: Callable[[], bool]) -> bool:
+        """Keep carrying barriers with empty epochs until `done()`. False if the job was
+        stopped first; FailoverRequired if checkpoint failures call for a failover."""
+        while not done():
             if self._failover_reason:
                 raise FailoverRequired(self._failover_reason)
             if self._stop.is_set():
-                return
+                return False
             if self.gateway.has_barrier():
-                self._run_one_epoch(SlicePlan(dict(self.positions), dict(self.positions)), final=True)
+                self._run_empty_epoch()
             else:
                 time.sleep(0.02)
             self.progress.maybe_report()
-        fut.result()
+        return True
 
     # ------------------------------------------------------------------ snapshots
     def _snapshot(self, checkpoint_id: int, result) -> None:
