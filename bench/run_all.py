@@ -7,6 +7,9 @@ table of medians and write bench/RESULTS.md.
 Each round starts one fresh process per system (so both pay the same JVM start), runs a
 discarded warm-up job, then every configuration once, alternating their order round by
 round. The machine is shared: ratios within a round are the figures to trust.
+Every run's figures go to bench/w1_runs.jsonl; `--more` adds rounds to them, and
+`--more --runs 0` only rewrites RESULTS.md. bench/flink_note.md and bench/observations.md
+(hand-written) are pasted into RESULTS.md when present.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
+RUNS_JSONL = os.path.join(HERE, "w1_runs.jsonl")  # every run's raw figures, for --more
 SCRIPTS = {"sparkpoint": "w1_keyed_aggregate.py", "spark-ss": "w1_spark_ss.py"}
 CONFIGS = [("sparkpoint", "ckpt-off"), ("sparkpoint", "ckpt-on"), ("spark-ss", "rocksdb"), ("spark-ss", "hdfs")]
 RATIOS = [  # (label, numerator, denominator)
@@ -45,6 +49,18 @@ def run_script(system: str, run: int, args: argparse.Namespace) -> list[dict[str
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise RuntimeError(f"{SCRIPTS[system]} (round {run}) failed with exit code {proc.returncode}:\n{tail}")
     return results
+
+
+def previous_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if not os.path.exists(RUNS_JSONL):
+        return []
+    with open(RUNS_JSONL) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    same = [r for r in runs if (r["keys"], r["epoch_records"]) == (args.keys, args.epoch_records)
+            and r["events"] == args.events]
+    if len(same) != len(runs):
+        raise SystemExit(f"{RUNS_JSONL} holds runs with other settings; run without --more to start over")
+    return runs
 
 
 def environment() -> dict[str, Any]:
@@ -87,6 +103,11 @@ def _fmt(v: Any, unit: str = "") -> str:
     return f"{v:.2f}{unit}"
 
 
+def _load_range(results: list[dict[str, Any]]) -> str:
+    loads = [r["loadavg_1m_after"] for r in results if r.get("loadavg_1m_after") is not None]
+    return f"{min(loads):.1f}–{max(loads):.1f} (median {statistics.median(loads):.1f})" if loads else "–"
+
+
 def summary_table(results: list[dict[str, Any]]) -> str:
     rows = ["| system | config | events/s after start-up (median) | runs (events/s) | epoch / batch s (median) "
             "| checkpoint p50 / p99 ms | state commit ms (median) | bytes per checkpoint (median) |",
@@ -122,9 +143,9 @@ Written by `python bench/run_all.py --runs {args.runs} --events {args.events} --
 
 ## Machine and versions
 - date: {env['date']}; nproc: {env['nproc']}; RAM: {env['ram_gib']} GiB
-- load average (1 min) at start / end: {load[0]:.2f} / {load[1]:.2f} — the machine is shared with
-  other work (test suites of other helpers) running at the same time: absolute numbers drift,
-  ratios measured side by side hold better.
+- load average (1 min) at start / end: {load[0]:.2f} / {load[1]:.2f}; after each run: {_load_range(results)}
+  — the machine is shared with other work (test suites and Spark jobs of other helpers) running at
+  the same time: absolute numbers drift a lot, ratios measured side by side in one round hold better.
 - Python {env['python']}, pyspark {env['pyspark']}, pyarrow {env['pyarrow']}, rocksdict {env['rocksdict']},
   java: `{env['java']}`
 
@@ -175,12 +196,18 @@ Written by `python bench/run_all.py --runs {args.runs} --events {args.events} --
         f.write(text)
 
 
-NOTES = """## Flink (PyFlink)
+NOTES = """{observations}
+
+## Flink (PyFlink)
 {flink}
 
 ## Not measured in this run
 W2 (tumbling window) and W3 (10 M keys state, restore after SIGKILL) of BENCHMARKS.md, and K = 1 M
 keys for W1."""
+
+
+def _read_or(path: str, default: str) -> str:
+    return open(path).read().strip() if os.path.exists(path) else default
 
 
 def main() -> None:
@@ -190,13 +217,15 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--epoch-records", type=int, default=500_000)
     parser.add_argument("--work", default="/tmp/sparkpoint-bench")
-    parser.add_argument("--flink-note", default=os.path.join(HERE, "flink_note.md"),
-                        help="markdown about the Flink peer, pasted into RESULTS.md")
+    parser.add_argument("--more", action="store_true",
+                        help=f"keep the runs in {os.path.basename(RUNS_JSONL)} (same settings) and add --runs "
+                             "rounds; --more --runs 0 only rewrites RESULTS.md from them")
     args = parser.parse_args()
     env = environment()
     load_start = os.getloadavg()[0]
-    results: list[dict[str, Any]] = []
-    for run in range(args.runs):
+    results = previous_runs(args) if args.more else []
+    first = max((r["run"] for r in results), default=-1) + 1
+    for run in range(first, first + args.runs):
         for system in SCRIPTS:
             started = time.monotonic()
             got = run_script(system, run, args)
@@ -205,8 +234,13 @@ def main() -> None:
                 print(f"round {run} {system:10s} {r['config']:8s} {r['events_per_s']:>12,.0f} events/s "
                       f"(load {r.get('loadavg_1m_after', 0):.1f})", flush=True)
             print(f"round {run} {system}: {time.monotonic() - started:.0f} s", flush=True)
-    flink = open(args.flink_note).read().strip() if os.path.exists(args.flink_note) else "Not measured."
-    write_results_md(env, args, results, (load_start, os.getloadavg()[0]), NOTES.format(flink=flink))
+            with open(RUNS_JSONL, "w") as f:  # after every round, so a cut-short run keeps what it measured
+                f.writelines(json.dumps(r) + "\n" for r in results)
+    args.runs = len({r["run"] for r in results})
+    flink = _read_or(os.path.join(HERE, "flink_note.md"), "Not measured.")
+    observations = _read_or(os.path.join(HERE, "observations.md"), "")
+    write_results_md(env, args, results, (load_start, os.getloadavg()[0]),
+                     NOTES.format(flink=flink, observations=observations))
     print(summary_table(results))
     for label, a, b in ratios(results):
         print(f"{label}: {_fmt(a)} (median of per-round ratios {_fmt(b)})")

@@ -43,12 +43,29 @@ def main() -> None:
                      "subtask_sum_s": sum(result.subtask_ms.values()) / 1000, "records": result.input_records})
         return result
 
+    timings = {"read_s": 0.0, "sink_s": 0.0}
+
+    def timed(fn, key):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                timings[key] += time.perf_counter() - t0
+        return wrapper
+
     class ProfiledJobMaster(jobmaster_module.JobMaster):
+        def _setup(self) -> None:
+            super()._setup()
+            self.source.read = timed(self.source.read, "read_s")  # builds the slice's DataFrame (py4j calls)
+            self.sink.write_epoch = timed(self.sink.write_epoch, "sink_s")
+
         def _run_one_epoch(self, plan, final: bool) -> None:
+            timings.update(read_s=0.0, sink_s=0.0)
             t0 = time.perf_counter()
             super()._run_one_epoch(plan, final)
             if rows:
-                rows[-1]["epoch_total_s"] = time.perf_counter() - t0
+                rows[-1].update(epoch_total_s=time.perf_counter() - t0, **timings)
 
     jobmaster_module.run_epoch = timed_run_epoch
     root = os.path.join(args.work, "profile")
@@ -62,11 +79,12 @@ def main() -> None:
         "state.local.dir": os.path.join(root, "state"), "sparkpoint.progress": False})
     ProfiledJobMaster(pipeline, settings, spark=spark).run()
     print(f"{'epoch':>5} {'records':>9} {'epoch s':>8} {'run_epoch s':>11} {'subtask max s':>13} "
-          f"{'subtask sum s':>13} {'driver rest s':>13}")
+          f"{'subtask sum s':>13} {'driver rest s':>13} {'of it: read s':>13} {'sink s':>7}")
     for r in rows:
         rest = r.get("epoch_total_s", 0) - r["run_epoch_s"]
         print(f"{r['epoch']:>5} {r['records']:>9,} {r.get('epoch_total_s', 0):>8.2f} {r['run_epoch_s']:>11.2f} "
-              f"{r['subtask_max_s']:>13.2f} {r['subtask_sum_s']:>13.2f} {rest:>13.3f}")
+              f"{r['subtask_max_s']:>13.2f} {r['subtask_sum_s']:>13.2f} {rest:>13.3f} {r.get('read_s', 0):>13.3f} "
+              f"{r.get('sink_s', 0):>7.3f}")
     steady = [r for r in rows[1:] if r["records"]]
     if steady:
         print("median after epoch 0: epoch %.2f s, run_epoch %.2f s, subtask max %.2f s" % (

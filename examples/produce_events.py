@@ -3,7 +3,8 @@ records keyed by user, the same records for the same arguments.
 
     python examples/produce_events.py --count 100000 --users 300 --partitions 3
 
-Creates the topic (with --partitions) if it does not exist yet.
+Creates the input topic (with --partitions) and the pipeline's output topic (one
+partition) if they do not exist yet: the test broker does not auto-create topics.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
 
 def produce_events(bootstrap_servers: str, topic: str, count: int, users: int,
                    partitions: int = 3, seed: int = 7) -> None:
+    """`count` events over `users` users; the same arguments give the same records."""
     ensure_topic(bootstrap_servers, topic, partitions)
     rng = random.Random(seed)
     # Idempotence: a retried send is never written twice, so offsets are reproducible.
@@ -55,11 +57,15 @@ def main() -> None:
     parser.add_argument("--bootstrap-servers",
                         default=os.environ.get("SPARKPOINT_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
     parser.add_argument("--topic", default=os.environ.get("SPARKPOINT_KAFKA_INPUT", "events"))
+    parser.add_argument("--output-topic",
+                        default=os.environ.get("SPARKPOINT_KAFKA_OUTPUT", "user-totals"),
+                        help="created (empty, one partition) for the pipeline to write to")
     parser.add_argument("--count", type=int, default=10_000)
     parser.add_argument("--users", type=int, default=300)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
+    ensure_topic(args.bootstrap_servers, args.output_topic, 1)
     produce_events(args.bootstrap_servers, args.topic, args.count, args.users, args.partitions,
                    args.seed)
     print(f"produced {args.count:,} events for {args.users} users to {args.topic}")

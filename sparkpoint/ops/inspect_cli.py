@@ -91,13 +91,14 @@ class JobListing:
 class ListReport:
     directory: str
     jobs: list[JobListing]
+    job: str | None = None  # the --job asked for, if any
 
     def to_dict(self) -> dict[str, Any]:
         return {"directory": self.directory, "jobs": [j.to_dict() for j in self.jobs]}
 
     def render(self) -> str:
         if not self.jobs:
-            return f"{_no_job_message(self.directory, None)}. {NOT_A_CHECKPOINT_DIR}"
+            return f"{_no_job_message(self.directory, self.job)}. {NOT_A_CHECKPOINT_DIR}"
         lines = []
         for j in self.jobs:
             lines.append(f"job {j.job_name}  ({j.path})")
@@ -113,7 +114,7 @@ class ListReport:
 
 def list_report(directory: str, job: str | None = None) -> ListReport:
     return ListReport(directory, [JobListing(j.name, j.layout.root, list_checkpoints(j.fs, j.layout))
-                                  for j in find_jobs(directory, job)])
+                                  for j in find_jobs(directory, job)], job)
 
 
 # -- verify ------------------------------------------------------------------------
@@ -149,6 +150,7 @@ class JobVerification:
 class VerifyReport:
     directory: str
     jobs: list[JobVerification]
+    job: str | None = None  # the --job asked for, if any
 
     @property
     def ok(self) -> bool:
@@ -159,7 +161,7 @@ class VerifyReport:
 
     def render(self) -> str:
         if not self.jobs:
-            return f"FAILED: {_no_job_message(self.directory, None)}. {NOT_A_CHECKPOINT_DIR}"
+            return f"FAILED: {_no_job_message(self.directory, self.job)}. {NOT_A_CHECKPOINT_DIR}"
         lines = []
         for j in self.jobs:
             lines.append(f"job {j.job_name}  ({j.path})")
@@ -234,7 +236,7 @@ def verify_report(directory: str, job: str | None = None) -> VerifyReport:
     for j in find_jobs(directory, job):
         jobs.append(JobVerification(j.name, j.layout.root,
                                     [_verify_one(j, s) for s in list_checkpoints(j.fs, j.layout)]))
-    return VerifyReport(directory, jobs)
+    return VerifyReport(directory, jobs, job)
 
 
 # -- doctor ------------------------------------------------------------------------

@@ -41,8 +41,9 @@ def test_seed002_restart_after_sigkill_refuses_checkpoints_while_restoring_and_c
 
     # Run 1: killed while a checkpoint newer than a completed one is uploading.
     first = job.start([SLOW_UPLOADS])
-    done = int(first.wait_for(r"completed checkpoint (\d+) of job", timeout=240).group(1))
-    first.wait_for(rf"checkpoint (?!{done}:)\d+: asynchronous part of state:\S+ started", timeout=120)
+    completed = first.wait_for(r"completed checkpoint \d+ of job", timeout=240).group(0)
+    after = next(i for i, line in enumerate(list(first.lines)) if completed in line) + 1
+    first.wait_for(r"checkpoint \d+: asynchronous part of state:\S+ started", timeout=120, start_at=after)
     first.kill9()
     ids_before = _ids(first.text, r"triggering checkpoint (\d+)")
     with_metadata = {p.name for p in chk_root.glob("chk-*") if (p / "_metadata").exists()}

@@ -56,13 +56,16 @@ def _counted(job: ObservedJob) -> list[tuple[int | None, R, int]]:
 def test_seed000_a_decline_while_another_upload_writes_deletes_the_files_only_after_that_writer_stopped(
         spark, tmp_path, monkeypatch, expected):
     """Checkpoint 3: subtask 0's upload fails (after 1 s) while subtask 1 is in the middle
-    of a 3 s write into chk-3/ (a slow store). The abort must wait for that write."""
+    of a 3 s write into chk-3/ (a slow store). The abort must wait for that write.
+    Checkpoint 4's uploads take 4 s, so it cannot complete (and drop the local copy of
+    chk-3 that write reads from) before the slow write is over."""
     RecordingStorageFS.log = []
     monkeypatch.setattr("sparkpoint.testing.faults.FaultyStorageFS", RecordingStorageFS)
     job = _run(spark, tmp_path, "seed000", [
         {"participant": "state:*/0", "action": "slow_ack", "seconds": 1, "checkpoints": [3]},
         {"participant": "state:*/0", "action": "async_error", "checkpoints": [3]},
         {"op": "upload", "path": "*/chk-3/state/*/1/*", "action": "slow", "seconds": 3, "times": 1},
+        {"participant": "state:*", "action": "slow_ack", "seconds": 4, "checkpoints": [4]},
     ])
 
     [failure] = job.failures(3)

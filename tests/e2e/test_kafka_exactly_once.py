@@ -1,0 +1,211 @@
+"""Issue 5 acceptance: Kafka -> keyed running totals -> Kafka as real `sparkpoint run`
+processes of examples/kafka_pipeline.py, SIGKILLed three times at random moments and
+with the broker restarted under the last run. The output topic, read with
+read_committed, equals a failure-free run's record for record; the consumer group
+holds the last checkpoint's offsets; the broker outage fails no checkpoint.
+
+All input is produced before either run, so epoch boundaries are a pure function of
+the restored positions and even the update-mode output matches exactly.
+Set SPARKPOINT_CHAOS_SEED to replay the kill moments of a failed run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.storage.metadata import decode
+from tests.e2e.harness import REPO, Job, Proc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.spark]
+
+EXAMPLE = REPO / "examples" / "kafka_pipeline.py"
+CONFIG = REPO / "examples" / "kafka_pipeline.yaml"
+PRODUCER = REPO / "examples" / "produce_events.py"
+JOB_NAME = "kafka-example"   # the example's Pipeline name
+INPUT = "events"
+EVENTS, USERS, PARTITIONS = 60_000, 300, 3
+PER_EPOCH = 4_000            # per partition: 5 epochs of data
+SUMMARY = re.compile(r"job \S+ (\w+): .* (\d+) checkpoints completed, (\d+) failed, (\d+) restarts")
+
+
+@dataclass
+class KafkaJob(Job):
+    """The example pipeline, launched as `sparkpoint run examples/kafka_pipeline.py
+    --config examples/kafka_pipeline.yaml`, with its topics from the environment."""
+
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.file = EXAMPLE
+        self.out = self.root / "unused"
+
+    def args(self, extra: list[str] | None = None) -> list[str]:
+        cmd = super().args(extra)
+        at = cmd.index(str(EXAMPLE)) + 1
+        return cmd[:at] + ["--config", str(CONFIG)] + cmd[at:]
+
+    def start(self, extra: list[str] | None = None) -> Proc:
+        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONUNBUFFERED="1", **self.env)
+        return Proc(subprocess.Popen(self.args(extra), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, cwd=self.root, env=env,
+                                     start_new_session=True))
+
+    def last_checkpoint_positions(self) -> tuple[int, dict[str, int]]:
+        """(id, source positions) of the newest completed checkpoint, from `_metadata`."""
+        job_dir = self.root / "checkpoints" / JOB_NAME
+        completed = sorted((int(p.parent.name[4:]), p) for p in job_dir.glob("chk-*/_metadata"))
+        assert completed, f"no completed checkpoint in {job_dir}"
+        checkpoint_id, path = completed[-1]
+        data = decode(path.read_bytes(), JOB_NAME, str(path))
+        return checkpoint_id, {s: int(o) for s, o in data.handles["source:kafka"]["positions"].items()}
+
+
+def kafka_job(root: Path, bootstrap: str, output_topic: str) -> KafkaJob:
+    return KafkaJob(root, env={
+        "SPARKPOINT_KAFKA_BOOTSTRAP": bootstrap, "SPARKPOINT_KAFKA_INPUT": INPUT,
+        "SPARKPOINT_KAFKA_OUTPUT": output_topic, "SPARKPOINT_KAFKA_GROUP": f"group-{output_topic}",
+        "SPARKPOINT_KAFKA_MAX_PER_EPOCH": str(PER_EPOCH), "SPARKPOINT_KAFKA_BOUNDED": "1"})
+
+
+def read_committed(bootstrap: str, topic: str) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) a read_committed consumer sees in `topic` (one partition)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "e2e-reader",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    records = []
+    try:
+        while True:
+            msg = consumer.poll(30)
+            assert msg is not None, f"no end of {topic} within 30 s"
+            if msg.error():
+                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                return records
+            records.append((msg.key(), msg.value()))
+    finally:
+        consumer.close()
+
+
+def group_offsets(bootstrap: str, group: str) -> dict[str, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        found = consumer.committed([TopicPartition(INPUT, p) for p in range(PARTITIONS)], timeout=30)
+    finally:
+        consumer.close()
+    return {f"{tp.topic}:{tp.partition}": tp.offset for tp in found}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A broker of this module's own (it gets restarted), with all input produced."""
+    from sparkpoint.testing.kafka_broker import KafkaBroker
+
+    with KafkaBroker(tmp_path_factory.mktemp("kafka-e2e")) as kafka:
+        def produce(count: int, output_topic: str) -> None:
+            subprocess.run([sys.executable, str(PRODUCER), "--bootstrap-servers",
+                            kafka.bootstrap_servers, "--topic", INPUT, "--output-topic", output_topic,
+                            "--count", str(count), "--users", str(USERS),
+                            "--partitions", str(PARTITIONS)],
+                           check=True, capture_output=True, timeout=120)
+
+        produce(EVENTS, "totals-reference")
+        produce(0, "totals-chaos")   # only creates the second output topic
+        yield kafka
+
+
+def _summary(proc: Proc) -> tuple[str, int, int, int]:
+    m = SUMMARY.search(proc.text)
+    assert m, proc.text[-3000:]
+    return m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
+
+
+def _kill_at_random_moments(job: KafkaJob, rng: random.Random, kills: int) -> list[str]:
+    notes = []
+    for round_ in range(kills):
+        proc = job.start()
+        if round_ == 0:
+            proc.wait_for(r"job status \S+ -> RUNNING", timeout=240)
+            delay = rng.uniform(1.0, 8.0)
+        else:
+            # After a checkpoint of this run, so every run moves the job forward.
+            proc.wait_for(r"completed checkpoint \d+ of job", timeout=240)
+            delay = rng.uniform(0.0, 3.0)
+        time.sleep(delay)
+        assert proc.popen.poll() is None, "the input ran out before the kill: " + proc.text[-2000:]
+        proc.kill9()
+        notes.append(f"run {round_ + 1} killed {delay:.1f}s later")
+    return notes
+
+
+def test_kafka_pipeline_is_exactly_once_across_sigkills_and_a_broker_restart(broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    seed = int(os.environ.get("SPARKPOINT_CHAOS_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    timings = {}
+    root = tmp_path
+
+    # The failure-free reference.
+    started = time.monotonic()
+    reference = kafka_job(root / "reference", bootstrap, "totals-reference")
+    ref = reference.run(timeout=400)
+    assert ref.popen.returncode == 0 and _summary(ref)[0] == "FINISHED", ref.text[-3000:]
+    expected = sorted(read_committed(bootstrap, "totals-reference"))
+    final_counts: dict[bytes, int] = {}
+    for key, value in expected:
+        final_counts[key] = max(final_counts.get(key, 0), json.loads(value)["count"])
+    assert sum(final_counts.values()) == EVENTS     # every event counted once
+    timings["reference"] = time.monotonic() - started
+
+    # Three SIGKILLs at random moments, each followed by a restart.
+    started = time.monotonic()
+    job = kafka_job(root / "chaos", bootstrap, "totals-chaos")
+    notes = _kill_at_random_moments(job, rng, kills=3)
+    timings["kills"] = time.monotonic() - started
+
+    # The last run: the broker goes away right after it restored, while checkpoints
+    # keep completing (their sink and offset commits are due with no broker), and
+    # comes back on the same port.
+    started = time.monotonic()
+    final = job.start()
+    final.wait_for(r"job status \S+ -> RUNNING", timeout=240)
+    mark = len(final.lines)
+    broker.stop()
+    final.wait_for(r"completed checkpoint \d+ of job", timeout=180, start_at=mark)
+    second = final.wait_for(r"completed checkpoint (\d+) of job", timeout=180,
+                            start_at=len(final.lines))
+    assert final.popen.poll() is None, final.text[-3000:]
+    broker.start()
+    assert final.wait(timeout=400) == 0, final.text[-3000:]
+    timings["final run"] = time.monotonic() - started
+
+    status, completed, failed, restarts = _summary(final)
+    context = f"seed {seed}: {notes}; timings {timings}"
+    assert (status, failed, restarts) == ("FINISHED", 0, 0), f"{context}\n{final.text[-3000:]}"
+    assert completed >= 2, context
+    assert "failing over" not in final.text, f"{context}\n{final.text[-3000:]}"
+    got = sorted(read_committed(bootstrap, "totals-chaos"))
+    assert len(got) == len(expected), f"{context}: {len(got)} records vs {len(expected)}"
+    assert got == expected, context
+
+    # The consumer group got the offsets of the last completed checkpoint: all input.
+    checkpoint_id, positions = job.last_checkpoint_positions()
+    assert checkpoint_id > int(second.group(1)), context
+    assert sum(positions.values()) == EVENTS, positions
+    assert group_offsets(bootstrap, "group-totals-chaos") == positions, context
+    print(f"kafka e2e {context}")
