@@ -521,6 +521,7 @@ class JobMaster:
         participant = self.state_participant(subtask)
         local = local_checkpoint_dir(self.local_root, self.operator.name, subtask, checkpoint_id)
         started = time.monotonic()
+        cancelled = self.gateway.cancel_event(checkpoint_id)
 
         def upload(cancel: threading.Event):
             log.info("checkpoint %d: asynchronous part of %s started", checkpoint_id, participant)
@@ -531,8 +532,11 @@ class JobMaster:
 
         def done(fut: Future) -> None:
             # A future cancelled before it ran (pool shut down) raises from exception().
-            if fut.cancelled() or isinstance(fut.exception(), SnapshotCancelled):
-                return  # the checkpoint was aborted; the abort path owns it
+            if fut.cancelled() or isinstance(fut.exception(), SnapshotCancelled) or \
+                    (cancelled is not None and cancelled.is_set()):
+                # The checkpoint was aborted (its local copy may be gone too, so any error
+                # here is a consequence of the abort): the abort path owns it.
+                return
             error = fut.exception()
             if error is not None:
                 log.warning("checkpoint %d: asynchronous snapshot of %s failed: %s", checkpoint_id, participant,
