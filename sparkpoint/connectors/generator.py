@@ -35,6 +35,7 @@ class GeneratorSource(Source):
         self.disorder_ms = disorder_ms
         self._spark = None
         self._last_plan_at: float | None = None
+        self._column_cache: dict[int, list] = {}
 
     @property
     def schema(self) -> str:
@@ -77,28 +78,31 @@ class GeneratorSource(Source):
             return {}
         return {str(s): (self._split_total(s) or 0) - positions.get(str(s), 0) for s in range(self.splits)}
 
-    def read(self, plan: SlicePlan):
-        from pyspark.sql import functions as F
+    def _columns(self, split: int) -> list:
+        """The select list that turns `spark.range` ids of one split into events; built once
+        per split (each expression costs py4j round trips on every epoch otherwise)."""
+        cached = self._column_cache.get(split)
+        if cached is None:
+            from pyspark.sql import functions as F
 
-        frames = []
-        for split, start in plan.start.items():
-            end = plan.end[split]
-            if end <= start:
-                continue
-            s = int(split)
-            df = self._spark.range(start, end, numPartitions=1)
-            g = F.col("id") * F.lit(self.splits) + F.lit(s)  # global event number
-            h = F.xxhash64(F.lit(self.seed), g)
+            g = F.col("id") * F.lit(self.splits) + F.lit(split)  # global event number
             jitter = F.pmod(F.xxhash64(F.lit(self.seed + 1), g), F.lit(max(1, self.disorder_ms)))
-            frames.append(df.select(
-                F.pmod(h, F.lit(self.keys)).alias("key"),
+            base_ts = (F.lit(self.start_ts_ms) + (g * F.lit(1000)) / F.lit(self.event_time_per_s)).cast("long")
+            cached = [
+                F.pmod(F.xxhash64(F.lit(self.seed), g), F.lit(self.keys)).alias("key"),
                 F.pmod(F.xxhash64(F.lit(self.seed + 2), g), F.lit(1000)).alias("value"),
-                (F.lit(self.start_ts_ms) + (g * F.lit(1000)) / F.lit(self.event_time_per_s)).cast("long")
-                .alias("base_ts"),
-                jitter.alias("jitter"),
-                F.lit(s).cast("int").alias("split"),
+                (base_ts - jitter).alias("ts"),
+                F.lit(split).cast("int").alias("split"),
                 F.col("id").alias("offset"),
-            ).select("key", "value", (F.col("base_ts") - F.col("jitter")).alias("ts"), "split", "offset"))
+            ]
+            self._column_cache[split] = cached
+        return cached
+
+    def read(self, plan: SlicePlan):
+        frames = [
+            self._spark.range(start, plan.end[split], numPartitions=1).select(*self._columns(int(split)))
+            for split, start in plan.start.items() if plan.end[split] > start
+        ]
         if not frames:
             return self._spark.createDataFrame([], self.schema)
         out = frames[0]

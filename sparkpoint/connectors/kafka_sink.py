@@ -96,12 +96,15 @@ class Segment:
     checkpoint_id: int
     files: tuple[StagedFile, ...]
 
+    # Not "files": in a handle that key lists checkpoint-owned files with job-relative
+    # paths (storage/handles.py), which the checkpoint store deletes and verifies.
     def to_json(self) -> dict[str, Any]:
-        return {"checkpoint_id": self.checkpoint_id, "files": [f.to_json() for f in self.files]}
+        return {"checkpoint_id": self.checkpoint_id, "staged": [f.to_json() for f in self.files]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Segment":
-        return cls(int(d["checkpoint_id"]), tuple(StagedFile.from_json(f) for f in d["files"]))
+        staged = d["staged"] if "staged" in d else d["files"]   # "files": handles of older runs
+        return cls(int(d["checkpoint_id"]), tuple(StagedFile.from_json(f) for f in staged))
 
 
 class KafkaSink(Sink):

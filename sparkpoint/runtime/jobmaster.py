@@ -453,6 +453,9 @@ class JobMaster:
         if not self._carry_barriers_until(lambda: not self.coordinator.pending_checkpoint_ids()
                                           or time.monotonic() > deadline):
             return
+        # No periodic checkpoint may start now: it would only be aborted at shutdown and
+        # show up as a failed checkpoint of a clean run. The final one is forced.
+        self.coordinator.stop_scheduler()
         for attempt in range(1, 11):
             fut: Future = self.coordinator.trigger_checkpoint(forced=True)
             if not self._carry_barriers_until(fut.done):
