@@ -55,6 +55,7 @@ import hashlib
 import io
 import json
 import logging
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
@@ -317,9 +318,7 @@ class KafkaSink(Sink):
             for staged in files:  # one file in memory at a time
                 table = self._read_staged(staged)
                 self._produce_all(table.column("key"), table.column("value"))
-            producer.send_offsets_to_transaction(
-                [TopicPartition(self.topic, 0, checkpoint_id)],
-                self._marker_consumer.consumer_group_metadata(), self._timeout_s)
+            self._send_marker(producer, [TopicPartition(self.topic, 0, checkpoint_id)])
             producer.commit_transaction(self._timeout_s)
         except KafkaException as e:
             error = e.args[0]
@@ -334,6 +333,34 @@ class KafkaSink(Sink):
                 f"Kafka sink {self.name}: publishing checkpoint {checkpoint_id} to "
                 f"{self.topic} failed: {error}; the checkpoint's rows stay staged and are "
                 "published by the next commit or on recovery") from e
+
+    def _send_marker(self, producer: Any, marker: list[Any]) -> None:
+        """send_offsets_to_transaction with a timeout that holds. librdkafka can block in
+        it forever once the group coordinator went away, e.g. a broker restart
+        (librdkafka #5456, #5511), so it runs on a helper thread; past the timeout the
+        producer is abandoned to that thread, and the next commit's `_resync` fences its
+        open transaction with a fresh producer."""
+        outcome: list[BaseException | None] = []
+        metadata = self._marker_consumer.consumer_group_metadata()
+
+        def send() -> None:
+            try:
+                producer.send_offsets_to_transaction(marker, metadata, self._timeout_s)
+                outcome.append(None)
+            except BaseException as e:  # handed to the committing thread below
+                outcome.append(e)
+
+        worker = threading.Thread(target=send, daemon=True, name=f"kafka-sink-marker-{self.name}")
+        worker.start()
+        worker.join(self._timeout_s + 5)
+        if not outcome:
+            self._producer = None
+            raise KafkaConnectorError(
+                f"Kafka sink {self.name}: the broker did not accept the commit marker of "
+                f"{self.topic} within {self._timeout_s:.0f}s; the rows stay staged and are "
+                "published by the next commit with a new producer")
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def _read_last_committed(self) -> int:
         from confluent_kafka import TopicPartition

@@ -123,8 +123,9 @@ def test_seed001_seed003_storage_outages_within_the_tolerance_never_restart_and_
     assert 5 in job.completed_ids
     assert [i for i in job.completed_ids if i > 8], "checkpoints resume once storage heals"
     _assert_never_failed(job)
-    # "Not now" refusals happened all along (a checkpoint was in flight) and never counted.
-    assert job.reasons().get(R.TOO_MANY_CONCURRENT.name, 0) > 0
+    # "Not now" refusals (TOO_MANY_CONCURRENT, when a trigger meets a checkpoint in flight)
+    # may or may not happen, depending on how fast epochs run; the exact list of counted
+    # failures above shows that they never count.
     _assert_exactly_once(tmp_path, expected[LONG_EVENTS])
 
 
