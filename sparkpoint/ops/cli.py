@@ -98,6 +98,23 @@ def checkpoints() -> None:
     """Inspect checkpoint directories."""
 
 
+def _options(raw: str | None) -> dict | None:
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"--storage-options must be a JSON object ({e})") from None
+    if not isinstance(value, dict):
+        raise click.BadParameter("--storage-options must be a JSON object, e.g. '{\"key\": \"...\"}'")
+    return value
+
+
+_storage_options = click.option(
+    "--storage-options", default=None, metavar="JSON",
+    help="fsspec options for DIR, as for execution.checkpointing.storage-options (e.g. an S3 endpoint)")
+
+
 def _emit(report, as_json: bool) -> None:
     data = report.to_dict() if hasattr(report, "to_dict") else report
     if as_json:
@@ -110,22 +127,24 @@ def _emit(report, as_json: bool) -> None:
 @click.argument("directory")
 @click.option("--job", default=None, help="job name (default: every job under DIR)")
 @click.option("--json", "as_json", is_flag=True)
-def list_cmd(directory: str, job: str | None, as_json: bool) -> None:
+@_storage_options
+def list_cmd(directory: str, job: str | None, as_json: bool, storage_options: str | None) -> None:
     """Completed and in-progress checkpoints of the jobs under DIR."""
     from sparkpoint.ops.inspect_cli import list_report
 
-    _emit(list_report(directory, job), as_json)
+    _emit(list_report(directory, job, _options(storage_options)), as_json)
 
 
 @checkpoints.command("verify")
 @click.argument("directory")
 @click.option("--job", default=None)
 @click.option("--json", "as_json", is_flag=True)
-def verify_cmd(directory: str, job: str | None, as_json: bool) -> None:
+@_storage_options
+def verify_cmd(directory: str, job: str | None, as_json: bool, storage_options: str | None) -> None:
     """Verify metadata checksums and every referenced file's size and checksum."""
     from sparkpoint.ops.inspect_cli import verify_report
 
-    report = verify_report(directory, job)
+    report = verify_report(directory, job, _options(storage_options))
     _emit(report, as_json)
     sys.exit(0 if report.ok else 1)
 
@@ -134,11 +153,12 @@ def verify_cmd(directory: str, job: str | None, as_json: bool) -> None:
 @click.argument("directory")
 @click.option("--job", default=None)
 @click.option("--json", "as_json", is_flag=True)
-def doctor(directory: str, job: str | None, as_json: bool) -> None:
+@_storage_options
+def doctor(directory: str, job: str | None, as_json: bool, storage_options: str | None) -> None:
     """Lease holder, checkpoints and validity, orphans, id collisions, corrupt files — and what to do."""
     from sparkpoint.ops.inspect_cli import doctor_report
 
-    report = doctor_report(directory, job)
+    report = doctor_report(directory, job, _options(storage_options))
     _emit(report, as_json)
     sys.exit(0 if report.ok else 1)
 

@@ -52,9 +52,10 @@ def _looks_like_job(fs: StorageFS, path: str) -> bool:
     return any(n in (LEASE_FILE, IDS_FILE) or parse_checkpoint_dir_name(n) is not None for n in names)
 
 
-def find_jobs(directory: str, job: str | None = None) -> list[JobDir]:
+def find_jobs(directory: str, job: str | None = None,
+              storage_options: dict | None = None) -> list[JobDir]:
     """The job directories DIR stands for (see module doc); [] if there are none."""
-    fs = StorageFS.from_url(directory)
+    fs = StorageFS.from_url(directory, storage_options)
     if job is not None:
         path = f"{fs.root}/{job}"
         return [JobDir(fs, JobLayout(path))] if _looks_like_job(fs, path) else []
@@ -112,9 +113,9 @@ class ListReport:
         return "\n".join(lines)
 
 
-def list_report(directory: str, job: str | None = None) -> ListReport:
+def list_report(directory: str, job: str | None = None, storage_options: dict | None = None) -> ListReport:
     return ListReport(directory, [JobListing(j.name, j.layout.root, list_checkpoints(j.fs, j.layout))
-                                  for j in find_jobs(directory, job)], job)
+                                  for j in find_jobs(directory, job, storage_options)], job)
 
 
 # -- verify ------------------------------------------------------------------------
@@ -231,9 +232,9 @@ def _check_entry(j: JobDir, relative: str, size: int, sha256: str) -> str | None
     return None
 
 
-def verify_report(directory: str, job: str | None = None) -> VerifyReport:
+def verify_report(directory: str, job: str | None = None, storage_options: dict | None = None) -> VerifyReport:
     jobs = []
-    for j in find_jobs(directory, job):
+    for j in find_jobs(directory, job, storage_options):
         jobs.append(JobVerification(j.name, j.layout.root,
                                     [_verify_one(j, s) for s in list_checkpoints(j.fs, j.layout)]))
     return VerifyReport(directory, jobs, job)
@@ -271,8 +272,8 @@ class DoctorCliReport:
         return "\n".join(lines)
 
 
-def doctor_report(directory: str, job: str | None = None) -> DoctorCliReport:
-    jobs = find_jobs(directory, job)
+def doctor_report(directory: str, job: str | None = None, storage_options: dict | None = None) -> DoctorCliReport:
+    jobs = find_jobs(directory, job, storage_options)
     if not jobs:
         return DoctorCliReport(directory, [], Finding(Severity.ERROR, "no-job-dir",
                                                       _no_job_message(directory, job), NOT_A_CHECKPOINT_DIR))

@@ -198,7 +198,8 @@ class JobLease:
             if current is not None:
                 log.warning("took over job %r from run %s (host %s, pid %s): its lease %s; "
                             "fencing token is now %d", record.job_name, current.run_id, current.host,
-                            current.pid, "was released" if current.released else "had expired", token)
+                            current.pid, ("was released" if current.released else "had expired" if not current.is_live(now)
+                          else "holder's process is gone"), token)
             self._prune_history(tokens)
             return record
 
