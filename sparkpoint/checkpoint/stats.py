@@ -30,6 +30,15 @@ def _percentile(sorted_values: list[int], q: float) -> int | None:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
+def _is_counted(reason_name: str) -> bool:
+    from sparkpoint.checkpoint.reasons import CheckpointFailureReason
+
+    try:
+        return CheckpointFailureReason[reason_name].counted
+    except KeyError:
+        return True
+
+
 class CheckpointStatsTracker:
     def __init__(self, job_name: str, registry: CollectorRegistry | None = None) -> None:
         self.job_name = job_name
@@ -117,6 +126,10 @@ class CheckpointStatsTracker:
                 "failed": self._failed,
                 "declined": self._declined,
                 "failures_by_reason": dict(self._failed_by_reason),
+                # What a person calls "failed": reasons that count toward the tolerance
+                # (not "scheduler stopped at shutdown" and other not-now outcomes).
+                "counted_failed": sum(n for name, n in self._failed_by_reason.items()
+                                      if _is_counted(name)),
                 "in_progress": len(self._in_progress),
                 "last_completed_id": last.get("id"),
                 "last_duration_ms": last.get("duration_ms"),

@@ -472,7 +472,11 @@ class KafkaSource(Source):
             return found
         for s in splits:
             if s not in found:
-                found[s] = self._watermarks(s)[0]
+                try:
+                    found[s] = self._watermarks(s, _PLAN_TIMEOUT_S)[0]
+                except KafkaConnectorError as e:  # picked up by a later discover
+                    self._warn_unreachable(e)
+                    continue
                 log.info("Kafka source %s: new partition %s, reading from offset %d",
                          self.name, s, found[s])
         return found

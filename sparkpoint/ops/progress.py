@@ -54,7 +54,7 @@ class ProgressReporter:
         lag = sum(job.source.lag(job.positions).values()) if job.positions else 0
         return (f"[{job.job_name}] {job.status.status.value} epoch {job.epoch} | {self.rate():,.0f} rec/s | "
                 f"records {job.records:,} | out {self.output_rows:,} | checkpoint {chk} | "
-                f"completed {stats.get('completed', 0)} failed {stats.get('failed', 0)} | "
+                f"completed {stats.get('completed', 0)} failed {stats.get('counted_failed', 0)} | "
                 f"wm {wm if wm is not None else '-'} | lag {lag:,}")
 
     def maybe_report(self, force: bool = False) -> None:

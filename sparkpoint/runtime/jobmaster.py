@@ -286,7 +286,7 @@ class JobMaster:
         return JobResult(self.status.status, self.epoch + 1, self.records,
                          latest.checkpoint_id if latest else None, self.restarts,
                          getattr(self.sink, "path", None), self.storage.url,
-                         failed_checkpoints=int(stats.get("failed", 0)),
+                         failed_checkpoints=int(stats.get("counted_failed", 0)),
                          completed_checkpoints=int(stats.get("completed", 0)), extra={"stats": stats})
 
     # ------------------------------------------------------------------ restore

@@ -171,17 +171,19 @@ def _kill_at_random_moments(job: KafkaJob, rng: random.Random, kills: int) -> li
     notes = []
     for round_ in range(kills):
         proc = job.start()
-        if round_ == 0:
-            proc.wait_for(r"job status \S+ -> RUNNING", timeout=240)
-            delay = rng.uniform(1.0, 8.0)
-        else:
-            # After a checkpoint of this run, so every run moves the job forward.
-            proc.wait_for(r"completed checkpoint \d+ of job", timeout=240)
-            delay = rng.uniform(0.0, 3.0)
-        time.sleep(delay)
-        assert proc.popen.poll() is None, proc.text[-3000:]
-        proc.kill9()
-        (job.root / f"run-{round_ + 1}.log").write_text(proc.text)
+        try:
+            if round_ == 0:
+                proc.wait_for(r"job status \S+ -> RUNNING", timeout=240)
+                delay = rng.uniform(1.0, 8.0)
+            else:
+                # After a checkpoint of this run, so every run moves the job forward.
+                proc.wait_for(r"completed checkpoint \d+ of job", timeout=240)
+                delay = rng.uniform(0.0, 3.0)
+            time.sleep(delay)
+            assert proc.popen.poll() is None, proc.text[-3000:]
+        finally:
+            proc.kill9()
+            (job.root / f"run-{round_ + 1}.log").write_text(proc.text)
         notes.append(f"run {round_ + 1} killed {delay:.1f}s later")
     return notes
 
