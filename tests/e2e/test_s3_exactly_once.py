@@ -31,20 +31,10 @@ BUCKET = "sparkpoint-e2e"
 def s3_options() -> Iterator[dict]:
     """How s3fs takes an endpoint and credentials (passed as
     execution.checkpointing.storage-options)."""
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
+    from sparkpoint.testing.s3_server import local_s3
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
-                 aws_secret_access_key="test").create_bucket(Bucket=BUCKET)
-    try:
-        yield {"key": "test", "secret": "test",
-               "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
-    finally:
-        server.stop()
+    with local_s3(BUCKET) as options:
+        yield options
 
 
 def test_sigkill_and_restart_with_checkpoints_on_s3_is_exactly_once(tmp_path: Path, tmp_path_factory,

@@ -13,19 +13,10 @@ BUCKET = "sparkpoint-checkpoints"
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
+    from sparkpoint.testing.s3_server import local_s3
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
-                 aws_secret_access_key="test").create_bucket(Bucket=BUCKET)
-    try:
-        yield endpoint
-    finally:
-        server.stop()
+    with local_s3(BUCKET) as options:
+        yield options["client_kwargs"]["endpoint_url"]
 
 
 @pytest.fixture
