@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -39,39 +37,25 @@ from sparkpoint.checkpoint import (
     CheckpointFailureReason,
     ThreadScheduler,
 )
-from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
 from sparkpoint.config import Settings
 from sparkpoint.connectors.base import Positions, SourceContext
-from sparkpoint.errors import (
-    ConfigError,
-    CorruptCheckpointError,
-    JobFailedError,
-    LeaseLostError,
-    NoValidCheckpointError,
-    SnapshotCancelled,
-    SparkpointError,
-)
+from sparkpoint.errors import ConfigError, JobFailedError, LeaseLostError, NoValidCheckpointError
 from sparkpoint.ops.progress import ProgressReporter
-from sparkpoint.runtime.gateway import RuntimeGateway, remove_local_checkpoints
+from sparkpoint.runtime.failures import JOB, FailoverRequired
+from sparkpoint.runtime.failures import summarize as _summary
+from sparkpoint.runtime.gateway import RuntimeGateway
 from sparkpoint.runtime.restart import restart_strategy_from
+from sparkpoint.runtime.restore import RestoreSteps
+from sparkpoint.runtime.snapshots import SnapshotSteps
 from sparkpoint.runtime.spark import get_or_create_spark
 from sparkpoint.runtime.stage import run_epoch
 from sparkpoint.runtime.status import JobStatus, JobStatusTracker
-from sparkpoint.runtime.subtask import EpochTask, local_checkpoint_dir, store_dir
+from sparkpoint.runtime.subtask import EpochTask
 from sparkpoint.runtime.storage_setup import JobStorage, open_job_storage
 from sparkpoint.testing.participant_faults import ParticipantFaults
 
 log = logging.getLogger(__name__)
 
-JOB = "job"
-
-
-class FailoverRequired(SparkpointError):
-    pass
-
-
-class RestoreFailed(SparkpointError):
-    pass
 
 
 @dataclass
@@ -88,7 +72,7 @@ class JobResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class JobMaster:
+class JobMaster(RestoreSteps, SnapshotSteps):
     def __init__(self, pipeline: Pipeline, settings: Settings, spark=None):
         pipeline.validate()
         self.pipeline = pipeline
@@ -289,103 +273,6 @@ class JobMaster:
                          failed_checkpoints=int(stats.get("counted_failed", 0)),
                          completed_checkpoints=int(stats.get("completed", 0)), extra={"stats": stats})
 
-    # ------------------------------------------------------------------ restore
-    def _restore(self) -> None:
-        """Pick the latest completed checkpoint not known to be corrupt, rewind sources
-        and recover the sink to it, and start restoring the subtasks' state in the
-        background. While they restore, the job is RUNNING but its state participants
-        are not: a checkpoint triggered then is declined as NOT_ALL_REQUIRED_TASKS_RUNNING,
-        which is never counted as a failure (seed 002)."""
-        self.gateway.abort_all_local()
-        self.gateway.wait_idle()
-        self.gateway.drain_commits()
-        self._failover_reason = None
-        self.final_done = False
-        self._restore_futures = []
-        self.coordinator.restore_latest()
-        completed = list(reversed(self.coordinator.completed_store.all()))
-        candidates = [c for c in completed if c.checkpoint_id not in self._bad_checkpoints]
-        if candidates:
-            self._restore_from(candidates[0])
-            return
-        if completed and self.settings.restore_mode != "empty":
-            raise NoValidCheckpointError(
-                f"job {self.job_name} has {len(completed)} completed checkpoint(s) in {self.storage.url} but none "
-                f"restores: {'; '.join(self._bad_checkpoints.values())}. Nothing was started, so nothing was "
-                f"lost. Inspect them with `sparkpoint doctor {self.settings.checkpoint_dir}`; to start from empty "
-                f"state anyway, pass --set restore.mode=empty (sources replay from their start positions)")
-        self._start_fresh()
-
-    def _start_fresh(self) -> None:
-        if not self.coordinator.completed_store.all():
-            committed = getattr(self.sink, "committed_epochs", lambda: [])()
-            if committed and self.settings.restore_mode != "empty":
-                raise ConfigError(
-                    f"the sink output {getattr(self.sink, 'path', '')} already holds committed output of "
-                    f"{len(committed)} epoch(s), but job {self.job_name} has no checkpoint in "
-                    f"{self.storage.url}: starting would mix two runs' output. Use an empty output directory, "
-                    f"or the checkpoint directory of the run that wrote it")
-        shutil.rmtree(self.local_root, ignore_errors=True)
-        # Earlier restore attempts (of checkpoints that turned out corrupt) left the state
-        # participants marked restoring; starting empty there is nothing to wait for.
-        self.gateway.set_restoring([])
-        self.epoch = -1
-        self.max_event_time = None
-        self.restored_from = None
-        self.positions = self.source.initial_positions()
-        self.sink.recover(None)
-        log.info("job %s starts from scratch (%s)", self.job_name,
-                 "no completed checkpoint" if not self._bad_checkpoints else
-                 f"restore.mode=empty and none of the completed checkpoints restores: {sorted(self._bad_checkpoints)}")
-
-    def _restore_from(self, data: CompletedCheckpointData) -> None:
-        handles = data.handles
-        job = handles[JOB]
-        if self.operator is not None:
-            missing = [i for i in range(self.P) if self.state_participant(i) not in handles]
-            if missing:
-                raise ConfigError(
-                    f"checkpoint {data.checkpoint_id} of job {self.job_name} was taken with parallelism "
-                    f"{_parallelism_of(handles, self.operator.name)}, this run has parallelism.default={self.P}; "
-                    f"rescaling a restore is not supported yet: run with the checkpoint's parallelism")
-            self.gateway.set_restoring([self.state_participant(i) for i in range(self.P)])
-            self._restore_futures = [self._restore_pool.submit(self._restore_subtask, data, i)
-                                     for i in range(self.P)]
-        self.epoch = int(job["epoch"])
-        self.max_event_time = job.get("max_event_time")
-        self.restored_from = data.checkpoint_id
-        self.positions = dict(handles[self.source_participant]["positions"])
-        self.sink.recover(handles.get(self.sink_participant))
-        log.info("job %s restores checkpoint %d (epoch %d)", self.job_name, data.checkpoint_id, self.epoch)
-
-    def _restore_subtask(self, data: CompletedCheckpointData, subtask: int) -> None:
-        from sparkpoint.state.restore import restore_snapshot
-
-        participant = self.state_participant(subtask)
-        self.faults.before_restore(participant)
-        target = store_dir(self.local_root, self.operator.name, subtask)
-        shutil.rmtree(target, ignore_errors=True)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        local_copy = local_checkpoint_dir(self.local_root, self.operator.name, subtask, data.checkpoint_id)
-        report = restore_snapshot(data.handles[participant], self.storage.fs, self.storage.layout, target,
-                                  local_copy_dir=local_copy if os.path.isdir(local_copy) else None)
-        if getattr(report, "corrupt_local", None):
-            log.error("checkpoint %d, %s: the local recovery copy was corrupt (%s); those files were restored "
-                      "from checkpoint storage instead", data.checkpoint_id, participant, report.corrupt_local)
-        self.gateway.mark_ready(participant)
-
-    def _await_restore(self) -> None:
-        futures, self._restore_futures = self._restore_futures, []
-        for fut in futures:
-            try:
-                fut.result()
-            except CorruptCheckpointError as e:
-                cid = self.restored_from
-                self._bad_checkpoints[cid] = f"chk-{cid}: {e}"
-                log.error("ALARM checkpoint %s of job %s is corrupt and is skipped; falling back to an older "
-                          "retained checkpoint. %s", cid, self.job_name, e)
-                raise RestoreFailed(f"checkpoint {cid} is corrupt: {e}") from e
-
     # ------------------------------------------------------------------ epoch loop
     def _watermark(self) -> int | None:
         wm = self.pipeline.watermark_
@@ -491,112 +378,3 @@ class JobMaster:
                 time.sleep(0.02)
             self.progress.maybe_report()
         return True
-
-    # ------------------------------------------------------------------ snapshots
-    def _snapshot(self, checkpoint_id: int, result) -> None:
-        """The synchronous parts at the barrier, then the asynchronous ones."""
-        c = self.coordinator
-        c.acknowledge(checkpoint_id, JOB, {"epoch": self.epoch, "max_event_time": self.max_event_time,
-                                           "watermark": self._watermark(), "records": self.records})
-        c.acknowledge(checkpoint_id, self.source_participant, {"positions": dict(self.positions)})
-        try:
-            self.faults.check_sync(self.sink_participant, checkpoint_id)
-            sink_handle = dict(self.sink.pre_commit(checkpoint_id))
-        except Exception as e:
-            log.warning("checkpoint %d: sink pre-commit failed: %s", checkpoint_id, _summary(e))
-            c.decline(checkpoint_id, self.sink_participant, CheckpointFailureReason.TASK_SYNC_FAILURE, e)
-        else:
-            c.acknowledge(checkpoint_id, self.sink_participant, sink_handle)
-        if self.operator is None:
-            return
-        for subtask in range(self.P):
-            participant = self.state_participant(subtask)
-            error = result.sync_errors.get(subtask)
-            if error:
-                log.warning("checkpoint %d: synchronous snapshot of %s failed: %s", checkpoint_id, participant, error)
-                c.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_SYNC_FAILURE, error)
-                continue
-            self._start_upload(checkpoint_id, subtask)
-
-    def _start_upload(self, checkpoint_id: int, subtask: int) -> None:
-        from sparkpoint.state.upload import upload_snapshot
-
-        participant = self.state_participant(subtask)
-        local = local_checkpoint_dir(self.local_root, self.operator.name, subtask, checkpoint_id)
-        started = time.monotonic()
-        cancelled = self.gateway.cancel_event(checkpoint_id)
-
-        def upload(cancel: threading.Event):
-            log.info("checkpoint %d: asynchronous part of %s started", checkpoint_id, participant)
-            self.faults.before_async(participant, checkpoint_id, cancel)
-            return upload_snapshot(local, self.storage.fs, self.storage.layout, checkpoint_id,
-                                   f"state/{self.operator.name}/{subtask}", previous=self._previous_index(),
-                                   cancel=cancel, hash_cache=self.hash_cache)
-
-        def done(fut: Future) -> None:
-            # A future cancelled before it ran (pool shut down) raises from exception().
-            if fut.cancelled() or isinstance(fut.exception(), SnapshotCancelled) or \
-                    (cancelled is not None and cancelled.is_set()):
-                # The checkpoint was aborted (its local copy may be gone too, so any error
-                # here is a consequence of the abort): the abort path owns it.
-                return
-            error = fut.exception()
-            if error is not None:
-                log.warning("checkpoint %d: asynchronous snapshot of %s failed: %s", checkpoint_id, participant,
-                            _summary(error))
-                self.coordinator.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_ASYNC_FAILURE,
-                                         error)
-                return
-            uploaded = fut.result()
-            if self.faults.lose_ack(participant, checkpoint_id):
-                log.warning("checkpoint %d: ack of %s dropped by fault injection", checkpoint_id, participant)
-                return
-            metrics = dict(uploaded.metrics.to_json())
-            metrics["bytes"] = int(metrics.get("bytes_uploaded", 0))
-            metrics["async_ms"] = int((time.monotonic() - started) * 1000)
-            self.coordinator.acknowledge(checkpoint_id, participant, uploaded.handle, metrics)
-
-        if not self.gateway.start_async_part(checkpoint_id, upload, done):
-            log.debug("checkpoint %d already aborted; no upload for %s", checkpoint_id, participant)
-
-    def _previous_index(self):
-        from sparkpoint.state.snapshot import SnapshotHandleIndex
-
-        handles = [h for c in self.coordinator.completed_store.all() for p, h in c.handles.items()
-                   if p.startswith("state:")]
-        return SnapshotHandleIndex.from_handles(handles)
-
-    def _on_checkpoint_complete(self, checkpoint_id: int, data: CompletedCheckpointData) -> None:
-        """Runs on the committer thread, after `_metadata` is durable: publish output,
-        commit source offsets, drop local recovery copies nobody needs."""
-        sink_handle = data.handles.get(self.sink_participant)
-        if sink_handle is not None:
-            self.sink.commit(sink_handle)
-        src = data.handles.get(self.source_participant)
-        if src is not None:
-            try:
-                self.source.notify_checkpoint_complete(checkpoint_id, src["positions"])
-            except Exception:
-                log.exception("source %s: post-checkpoint hook failed (ignored)", self.source.name)
-        if self.operator is not None:
-            keep = {c.checkpoint_id for c in self.coordinator.completed_store.all()}
-            keep |= set(self.coordinator.pending_checkpoint_ids())
-            for i in range(self.P):
-                remove_local_checkpoints(os.path.dirname(store_dir(self.local_root, self.operator.name, i)), keep)
-
-
-def _summary(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    # Py4J errors carry the Python traceback of the worker; the last line names the cause.
-    for line in reversed(text):
-        if "Error" in line or "Exception" in line:
-            return line.strip()[:400]
-    return (text[-1] if text else type(e).__name__)[:400]
-
-
-def _parallelism_of(handles, op_name: str) -> int:
-    return sum(1 for k in handles if k.startswith(f"state:{op_name}/"))
-
-
-def default_run_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
