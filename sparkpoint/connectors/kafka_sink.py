@@ -171,6 +171,25 @@ class KafkaSink(Sink):
             self._fs = StorageFS.from_url(self.staging_dir, self.staging_options)
             self._dir = f"{self._fs.root}/{job_name}/{self.name}"
             self._fs.makedirs(self._dir)
+        self._check_topic_exists()
+
+    def _check_topic_exists(self, timeout_s: float = 10.0) -> None:
+        """A missing output topic is a configuration error: say so once at start instead
+        of failing over on every commit. An unreachable cluster is not judged here (the
+        commits retry); only a definite 'unknown topic' answer refuses to start."""
+        from confluent_kafka import KafkaError, KafkaException, Producer
+
+        producer = Producer(producer_config(self.bootstrap_servers, self._client_config))
+        try:
+            metadata = producer.list_topics(topic=self.topic, timeout=timeout_s)
+        except KafkaException:
+            return
+        topic = metadata.topics.get(self.topic)
+        if topic is not None and topic.error is not None and \
+                topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise ConfigError(f"KafkaSink {self.name!r}: output topic {self.topic!r} does not exist on "
+                              f"{self.bootstrap_servers}; create it (e.g. kafka-topics.sh --create --topic "
+                              f"{self.topic}) or point the sink at an existing topic")
 
     def close(self) -> None:
         if self._producer is not None:

@@ -195,3 +195,11 @@ def test_exactly_once_needs_a_staging_dir():
 
     with pytest.raises(ConfigError, match="staging_dir"):
         KafkaSink("127.0.0.1:1", "t").open("job")
+
+
+def test_a_missing_output_topic_refuses_to_start_with_a_clear_error(kafka, make_sink):
+    """Not a failover loop on every commit: one configuration error at start."""
+    from sparkpoint.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="output topic 'no-such-topic' does not exist"):
+        make_sink("no-such-topic")
