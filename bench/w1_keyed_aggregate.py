@@ -12,7 +12,6 @@ bytes per checkpoint. Checkpoint storage is a local directory.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -26,7 +25,7 @@ from sparkpoint.config import Settings
 from sparkpoint.connectors.parquet_sink import ParquetSink
 from sparkpoint.runtime.jobmaster import JobMaster
 
-from w1_workload import W1, spark_session
+from w1_workload import W1, spark_session, workload_arguments
 
 
 class MeasuredJobMaster(JobMaster):
@@ -76,10 +75,8 @@ def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
     started = time.monotonic()
     result = job.run()
     wall = time.monotonic() - started
-    (t0, _, r0), (t1, last_epoch, r1) = job.epoch_ends[0], job.epoch_ends[-1]
+    (t0, _, r0), (t1, _, r1) = job.epoch_ends[0], job.epoch_ends[-1]
     epoch_s = [b[0] - a[0] for a, b in zip(job.epoch_ends, job.epoch_ends[1:])]
-    # Checkpoints taken while data flowed: the forced final one (after the last epoch) is left out.
-    durations = [d for d, _ in job.checkpoints]
     sizes = [b for _, b in job.checkpoints]
     stats = job.coordinator.stats.snapshot()
     out = {
@@ -100,16 +97,8 @@ def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=W1.events)
-    parser.add_argument("--keys", type=int, default=W1.keys)
-    parser.add_argument("--epoch-records", type=int, default=W1.epoch_records)
+    parser = workload_arguments(__doc__.splitlines()[0])
     parser.add_argument("--modes", default="off,on")
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--work", default="/tmp/sparkpoint-bench")
-    parser.add_argument("--warmup-events", type=int, default=1_000_000,
-                        help="a discarded run first, so JIT and Python workers are warm for every mode")
-    parser.add_argument("--first-run", type=int, default=0, help="run number of the first run (labels only)")
     args = parser.parse_args()
     w1 = W1(args.events, args.keys, args.epoch_records)
     spark = spark_session("bench-w1-sparkpoint")

@@ -19,7 +19,6 @@ of the checkpoint location's state directory at the end.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -28,7 +27,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from w1_workload import W1, ensure_parquet_events, spark_session
+from w1_workload import W1, ensure_parquet_events, spark_session, workload_arguments
 
 PROVIDERS = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -103,16 +102,8 @@ def run_once(spark, w1: W1, files: str, store: str, work: str, run: int, timeout
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=W1.events)
-    parser.add_argument("--keys", type=int, default=W1.keys)
-    parser.add_argument("--epoch-records", type=int, default=W1.epoch_records)
+    parser = workload_arguments(__doc__.splitlines()[0])
     parser.add_argument("--stores", default="rocksdb,hdfs")
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--work", default="/tmp/sparkpoint-bench")
-    parser.add_argument("--warmup-events", type=int, default=1_000_000,
-                        help="a discarded run first, so the JIT is warm for every store")
-    parser.add_argument("--first-run", type=int, default=0, help="run number of the first run (labels only)")
     args = parser.parse_args()
     w1 = W1(args.events, args.keys, args.epoch_records)
     spark = spark_session("bench-w1-spark-ss")

@@ -41,6 +41,22 @@ class W1:
         return plans
 
 
+def workload_arguments(description: str):
+    """The command-line options every W1 script shares; add its own, then parse_args()."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--events", type=int, default=W1.events)
+    parser.add_argument("--keys", type=int, default=W1.keys)
+    parser.add_argument("--epoch-records", type=int, default=W1.epoch_records)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--work", default="/tmp/sparkpoint-bench")
+    parser.add_argument("--warmup-events", type=int, default=1_000_000,
+                        help="a discarded run first, so the JIT and Python workers are warm for every configuration")
+    parser.add_argument("--first-run", type=int, default=0, help="run number of the first run (labels only)")
+    return parser
+
+
 def spark_session(app: str):
     """The same embedded session sparkpoint uses (local[2], 2 shuffle partitions, AQE off)."""
     from sparkpoint.runtime.spark import get_or_create_spark

@@ -408,6 +408,7 @@ class KafkaSource(Source):
         self._data_loss_log = RateLimitedLog(log, 60.0)
         self._unreachable_log = RateLimitedLog(log, 60.0)
         self._end_offsets: Positions | None = None   # bounded: where this run stops
+        self._last_high: dict[str, int] = {}          # last stable offsets seen by plan()
 
     @property
     def schema(self) -> str:
@@ -496,6 +497,7 @@ class KafkaSource(Source):
                 pos = self._on_data_loss(s, pos, low)
             start[s] = pos
             end[s] = max(pos, min(high, pos + self.max_records))
+        self._last_high = {s: marks[s][1] for s in positions}
         return SlicePlan(start=start, end=end)
 
     def read(self, plan: SlicePlan) -> Any:
@@ -505,11 +507,10 @@ class KafkaSource(Source):
         return self._reader().read(self._spark, ranges)
 
     def lag(self, positions: Positions) -> Mapping[str, int]:
-        try:
-            return {s: max(0, self._watermarks(s, _PLAN_TIMEOUT_S)[1] - int(p))
-                    for s, p in positions.items()}
-        except KafkaConnectorError:
-            return {}  # best effort; plan() already warns about an unreachable broker
+        """Records behind per partition, against the offsets the last `plan` fetched: the
+        progress line asks every second, on the epoch loop's thread, and must not wait for
+        the broker (seconds per partition while it is down)."""
+        return {s: max(0, self._last_high[s] - int(p)) for s, p in positions.items() if s in self._last_high}
 
     def is_exhausted(self, positions: Positions) -> bool:
         if not self.bounded:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from sparkpoint.checkpoint.interfaces import CheckpointLocation, CheckpointProperties, CompletedCheckpointData
-from sparkpoint.errors import SnapshotCancelled
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +167,6 @@ class RuntimeGateway:
             # completion (handles are cumulative) or by recovery after a restart.
             log.exception("post-completion commit for checkpoint %d failed; it is retried by the next "
                           "checkpoint or on restore", checkpoint_id)
-
-
-def is_cancelled(error: BaseException | None) -> bool:
-    return isinstance(error, SnapshotCancelled)
 
 
 def remove_local_checkpoints(subtask_dir: str, keep: set[int]) -> None:

@@ -51,7 +51,7 @@ from sparkpoint.runtime.spark import get_or_create_spark
 from sparkpoint.runtime.stage import run_epoch
 from sparkpoint.runtime.status import JobStatus, JobStatusTracker
 from sparkpoint.runtime.subtask import EpochTask
-from sparkpoint.runtime.storage_setup import JobStorage, open_job_storage
+from sparkpoint.runtime.storage_setup import open_job_storage
 from sparkpoint.testing.participant_faults import ParticipantFaults
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
         s = self.settings
-        self.storage: JobStorage = open_job_storage(
+        self.storage, self._lease_keeper = open_job_storage(
             s.checkpoint_dir, self.job_name, s.storage_options, run_id=self.run_id,
             lease_ttl_ms=s.lease_ttl_ms, fault_rules=s.faults, on_lease_lost=self._on_lease_lost)
         self.gateway = RuntimeGateway(self.participants(), self._on_checkpoint_complete)
@@ -257,6 +257,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
             self.scheduler.shutdown()
             self._restore_pool.shutdown(wait=True, cancel_futures=True)
         finally:
+            self._lease_keeper.stop()
             self.storage.close(release_lease=self._fatal is None)
             try:
                 self.source.close()
@@ -269,7 +270,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         latest = self.coordinator.completed_store.latest()
         return JobResult(self.status.status, self.epoch + 1, self.records,
                          latest.checkpoint_id if latest else None, self.restarts,
-                         getattr(self.sink, "path", None), self.storage.url,
+                         getattr(self.sink, "path", None), self.storage.layout.root,
                          failed_checkpoints=int(stats.get("counted_failed", 0)),
                          completed_checkpoints=int(stats.get("completed", 0)), extra={"stats": stats})
 

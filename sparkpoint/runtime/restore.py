@@ -39,7 +39,7 @@ class RestoreSteps:
             return
         if completed and self.settings.restore_mode != "empty":
             raise NoValidCheckpointError(
-                f"job {self.job_name} has {len(completed)} completed checkpoint(s) in {self.storage.url} but none "
+                f"job {self.job_name} has {len(completed)} completed checkpoint(s) in {self.storage.layout.root} but none "
                 f"restores: {'; '.join(self._bad_checkpoints.values())}. Nothing was started, so nothing was "
                 f"lost. Inspect them with `sparkpoint doctor {self.settings.checkpoint_dir}`; to start from empty "
                 f"state anyway, pass --set restore.mode=empty (sources replay from their start positions)")
@@ -52,7 +52,7 @@ class RestoreSteps:
                 raise ConfigError(
                     f"the sink output {getattr(self.sink, 'path', '')} already holds committed output of "
                     f"{len(committed)} epoch(s), but job {self.job_name} has no checkpoint in "
-                    f"{self.storage.url}: starting would mix two runs' output. Use an empty output directory, "
+                    f"{self.storage.layout.root}: starting would mix two runs' output. Use an empty output directory, "
                     f"or the checkpoint directory of the run that wrote it")
         shutil.rmtree(self.local_root, ignore_errors=True)
         # Earlier restore attempts (of checkpoints that turned out corrupt) left the state

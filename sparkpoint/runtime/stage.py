@@ -68,10 +68,7 @@ def run_epoch(spark, df, task: EpochTask | None, event_time_column: str | None, 
     out = rows.groupBy(SUBTASK_COL).applyInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
     m = obs.get
 
-    is_meta = pc.is_valid(out.column(META_SUBTASK))
-    meta = out.filter(is_meta).select([META_SUBTASK, META_ROWS, META_MS, META_ERROR]).to_pylist()
-    data = out.filter(pc.invert(is_meta)).drop_columns([META_SUBTASK, META_ROWS, META_MS, META_ERROR])
-    data = data.cast(op.output_schema) if data.schema != op.output_schema else data
+    data, meta = split_meta(out, op.output_schema)
     seen = {r[META_SUBTASK] for r in meta}
     missing = set(range(task.parallelism)) - seen
     if missing:  # cannot happen unless Spark dropped a group; never checkpoint over it
@@ -82,3 +79,11 @@ def run_epoch(spark, df, task: EpochTask | None, event_time_column: str | None, 
         {r[META_SUBTASK]: r[META_ROWS] for r in meta},
         {r[META_SUBTASK]: r[META_MS] for r in meta},
     )
+
+
+def split_meta(out: pa.Table, output_schema: pa.Schema) -> tuple[pa.Table, list[dict]]:
+    """Separate the subtasks' output rows from the one meta row each subtask adds."""
+    is_meta = pc.is_valid(out.column(META_SUBTASK))
+    meta = out.filter(is_meta).select([META_SUBTASK, META_ROWS, META_MS, META_ERROR]).to_pylist()
+    data = out.filter(pc.invert(is_meta)).drop_columns([META_SUBTASK, META_ROWS, META_MS, META_ERROR])
+    return (data.cast(output_schema) if data.schema != output_schema else data), meta

@@ -5,11 +5,10 @@ collected → durable id counter started."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from sparkpoint.errors import LeaseLostError
-from sparkpoint.storage.checkpoint_storage import JobStorage as _Parts
+from sparkpoint.storage.checkpoint_storage import JobStorage
 from sparkpoint.storage.checkpoint_storage import open_job_storage as _open
 from sparkpoint.storage.gc import collect_garbage
 from sparkpoint.storage.lease import LeaseKeeper
@@ -17,43 +16,11 @@ from sparkpoint.storage.lease import LeaseKeeper
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class JobStorage:
-    parts: _Parts
-    keeper: LeaseKeeper
-
-    @property
-    def fs(self):
-        return self.parts.fs
-
-    @property
-    def layout(self):
-        return self.parts.layout
-
-    @property
-    def ids(self):
-        return self.parts.ids
-
-    @property
-    def checkpoints(self):
-        return self.parts.checkpoints
-
-    @property
-    def lease(self):
-        return self.parts.lease
-
-    @property
-    def url(self) -> str:
-        return self.parts.layout.root
-
-    def close(self, release_lease: bool = True) -> None:
-        self.keeper.stop()
-        self.parts.close(release_lease=release_lease)
-
-
 def open_job_storage(url: str, job_name: str, storage_options: dict[str, Any] | None, *, run_id: str,
                      lease_ttl_ms: int, fault_rules: Any, on_lease_lost: Callable[[LeaseLostError], None],
-                     gc_grace_period_s: float = 3600) -> JobStorage:
+                     gc_grace_period_s: float = 3600) -> tuple[JobStorage, LeaseKeeper]:
+    """The job's storage with its lease held, and the keeper that heartbeats it (stop
+    the keeper before `storage.close()`)."""
     parts = _open(url, job_name, storage_options, run_id, lease_ttl_s=lease_ttl_ms / 1000, fault_rules=fault_rules)
     parts.lease.acquire()  # LeaseHeldError: a second deployment of this job is refused here
     keeper = LeaseKeeper(parts.lease, on_lease_lost)
@@ -65,4 +32,4 @@ def open_job_storage(url: str, job_name: str, storage_options: dict[str, Any] | 
     except Exception as e:  # garbage is harmless; never refuse to start over it
         log.warning("could not clean up leftovers of earlier runs (%s); continuing", e)
     parts.ids.start()
-    return JobStorage(parts, keeper)
+    return parts, keeper

@@ -105,3 +105,28 @@ def test_generator_is_replayable(spark):
     a = sorted(map(tuple, g.read(plan).collect()))
     b = sorted(map(tuple, g.read(plan).collect()))
     assert a == b and len(a) == 200
+
+
+def test_bad_starts_are_refused_with_one_clear_error_and_touch_no_output(spark, tmp_path):
+    from sparkpoint import KeyedAggregate
+    from sparkpoint.errors import ConfigError
+
+    def pipeline(out):
+        return (Pipeline("api").source(GeneratorSource("ev", keys=20, total_events=4_000,
+                                                        max_records_per_epoch=2_000))
+                .stateful(KeyedAggregate("totals", ["key"], "value", value_type="bigint"))
+                .sink(ParquetSink(str(out))))
+
+    out = tmp_path / "out"
+    assert JobMaster(pipeline(out), _settings(tmp_path), spark=spark).run().status == JobStatus.FINISHED
+    committed = sorted(p.name for p in out.iterdir())
+
+    # The checkpoints were taken with parallelism 2: restoring them with 3 is refused.
+    with pytest.raises(ConfigError, match="taken with parallelism 2.*parallelism.default=3"):
+        JobMaster(pipeline(out), _settings(tmp_path, **{"parallelism.default": 3}), spark=spark).run()
+
+    # Committed output but no checkpoint of this job (another checkpoint dir): refused, not mixed.
+    with pytest.raises(ConfigError, match="already holds committed output"):
+        JobMaster(pipeline(out), _settings(tmp_path, **{"execution.checkpointing.dir": str(tmp_path / "other")}),
+                  spark=spark).run()
+    assert sorted(p.name for p in out.iterdir()) == committed

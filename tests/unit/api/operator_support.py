@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from sparkpoint.state.interfaces import EpochContext, StatefulOperator
-from sparkpoint.state.store import SubtaskStateStore
+from sparkpoint.runtime.stage import split_meta
+from sparkpoint.runtime.subtask import EpochTask, store_dir
+from sparkpoint.state.interfaces import MARKER_COL, SUBTASK_COL, EpochContext, StatefulOperator
 
 MAX_PARALLELISM = 16
 
@@ -31,15 +32,33 @@ def ctx(epoch: int, watermark_ms: int | None = None, *, final: bool = False, pro
                         watermark_ms=watermark_ms, processing_time_ms=processing_time_ms, final=final)
 
 
+def store_path(state_dir: Path, op: StatefulOperator, subtask: int = 0) -> str:
+    """Where the worker step keeps `op`'s state for `subtask` under `state_dir`."""
+    return store_dir(str(state_dir), op.name, subtask)
+
+
+def worker_input(rows: pa.Table, subtask: int) -> pa.Table:
+    """What groupBy(__subtask) hands one subtask: its rows plus its one marker row."""
+    n = rows.num_rows
+    data = rows.append_column(SUBTASK_COL, pa.array([subtask] * n, pa.int32())) \
+               .append_column(MARKER_COL, pa.array([False] * n, pa.bool_()))
+    schema = pa.schema([f.with_nullable(True) for f in data.schema])
+    marker = {f.name: pa.nulls(1, f.type) for f in schema}
+    marker[SUBTASK_COL] = pa.array([subtask], pa.int32())
+    marker[MARKER_COL] = pa.array([True])
+    return pa.concat_tables([data.cast(schema), pa.table(marker, schema=schema)])
+
+
 def run_epoch(state_dir: Path, op: StatefulOperator, rows: pa.Table, context: EpochContext) -> pa.Table:
-    """The worker's protocol: open, skip if already committed, apply, commit, close."""
-    with SubtaskStateStore.open(str(state_dir / f"{op.name}-{context.subtask}"), operator=op.name) as store:
-        if store.epoch() == context.epoch:
-            return store.last_output()
-        assert store.epoch() == context.epoch - 1
-        out = op.apply(store, rows, context)
-        store.commit_epoch(context.epoch, out)
-        return out
+    """One subtask's epoch through the runtime's own worker step (runtime.subtask.EpochTask):
+    open with a version check, apply, commit atomically, or return the committed output
+    when the same epoch runs again."""
+    if all(c in rows.column_names and not pa.types.is_null(rows.schema.field(c).type) for c in op.key_columns):
+        op.resolve_input_schema(rows.schema)  # the driver's step (stage.run_epoch); untyped empty inputs skip it
+    task = EpochTask(op, str(state_dir), context.epoch, context.parallelism, context.max_parallelism,
+                     context.watermark_ms, context.processing_time_ms, context.final, None)
+    data, _meta = split_meta(task(worker_input(rows, context.subtask)), op.output_schema)
+    return data
 
 
 def run_partitioned(state_dir: Path, op: StatefulOperator, rows: pa.Table, context: EpochContext,

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from operator_support import ctx, run_epoch, run_partitioned, with_key_groups
+from operator_support import ctx, run_epoch, run_partitioned, store_path, with_key_groups
 
 from sparkpoint.api import KeyedAggregate
 from sparkpoint.errors import ConfigError
@@ -75,7 +75,7 @@ def test_every_state_key_starts_with_its_rows_key_group(tmp_path: Path) -> None:
     op = KeyedAggregate("spend", ["user"], "amount")
     rows = with_key_groups(pa.table({"user": [f"u{i}" for i in range(50)], "amount": [1.0] * 50}), ["user"])
     run_epoch(tmp_path, op, rows, ctx(0))
-    with SubtaskStateStore.open(str(tmp_path / "spend-0")) as store:
+    with SubtaskStateStore.open(store_path(tmp_path, op)) as store:
         keys = [k for k, _ in store.scan_range(b"", META_PREFIX)]
     assert len(keys) == 50
     assert sorted(int.from_bytes(k[:2], "big") for k in keys) == sorted(rows.column("__kg").to_pylist())
@@ -90,7 +90,7 @@ def test_a_failure_inside_apply_leaves_state_at_the_previous_epoch(tmp_path: Pat
     def explode(*_args, **_kwargs):
         raise RuntimeError("executor lost mid-apply")
 
-    with SubtaskStateStore.open(str(tmp_path / "spend-0")) as store:
+    with SubtaskStateStore.open(store_path(tmp_path, op)) as store:
         monkeypatch.setattr(store, "put_many", explode)
         with pytest.raises(RuntimeError):
             op.apply(store, second, ctx(1))
@@ -99,7 +99,7 @@ def test_a_failure_inside_apply_leaves_state_at_the_previous_epoch(tmp_path: Pat
     out = run_epoch(tmp_path, op, second, ctx(1))
     assert sorted((r["user"], r["sum"]) for r in out.to_pylist()) == [("ann", 11.0), ("cy", 20.0)]
     assert run_epoch(tmp_path, op, second, ctx(1)).equals(out)  # a second retry returns the same rows
-    with SubtaskStateStore.open(str(tmp_path / "spend-0")) as store:
+    with SubtaskStateStore.open(store_path(tmp_path, op)) as store:
         assert store.epoch() == 1
 
 

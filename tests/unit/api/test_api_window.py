@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from operator_support import ctx, run_epoch, run_partitioned, with_key_groups
+from operator_support import ctx, run_epoch, run_partitioned, store_path, with_key_groups
 
 from sparkpoint.api import TumblingWindow
 from sparkpoint.errors import ConfigError
@@ -23,7 +23,7 @@ def fired(out: pa.Table) -> list[tuple]:
 
 
 def dropped(tmp_path: Path, op: TumblingWindow) -> int:
-    with SubtaskStateStore.open(str(tmp_path / f"{op.name}-0")) as store:
+    with SubtaskStateStore.open(store_path(tmp_path, op)) as store:
         return op.dropped_count(store)
 
 
@@ -50,7 +50,7 @@ def test_late_data_within_lateness_refires_and_beyond_lateness_is_dropped(tmp_pa
     # end + lateness <= watermark: state is gone and late rows are dropped and counted
     assert fired(run_epoch(tmp_path, op, events(("a", 4_000), ("b", 1)), ctx(4, 15_000))) == []
     assert dropped(tmp_path, op) == 2
-    with SubtaskStateStore.open(str(tmp_path / "w-0")) as store:
+    with SubtaskStateStore.open(store_path(tmp_path, op)) as store:
         assert [k for k, _ in store.scan_range(b"", b"\xff\xff")] == []  # no state left behind
 
 
@@ -125,7 +125,10 @@ def test_a_fresh_operator_instance_fires_with_key_types_recorded_in_state(tmp_pa
     rows = with_key_groups(pa.table({"day": pa.array([19_000], pa.date32()), "n": pa.array([7], pa.int16()),
                                      "ts": [3]}), ["day", "n"])
     run_epoch(tmp_path, make(), rows, ctx(0, None))
-    out = run_epoch(tmp_path, make(), pa.table({}), ctx(1, None, final=True))
+    # The operator itself, not the worker step: the runtime always ships a resolved copy,
+    # this checks the operator still knows its key types from state alone.
+    with SubtaskStateStore.open(store_path(tmp_path, make())) as store:
+        out = make().apply(store, pa.table({}), ctx(1, None, final=True))
     assert out.schema.field("day").type == pa.date32() and out.schema.field("n").type == pa.int16()
     assert out.select(["day", "n", "count"]).to_pylist() == rows.select(["day", "n"]).append_column(
         "count", pa.array([1], pa.int64())).to_pylist()
