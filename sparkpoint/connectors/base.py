@@ -6,10 +6,17 @@ and after the epoch advances the positions to the slice's end. A checkpoint
 records the positions at its barrier; a restore hands them back. So a source must
 be *replayable*: `read(plan)` for the same plan returns the same records.
 
-A sink gets each epoch's output as an Arrow table on the driver and follows a
-two-phase commit bound to checkpoints:
+A sink follows a two-phase commit bound to checkpoints. Output never funnels through
+the driver when the sink has an `epoch_writer()`: the writer is shipped to Spark's
+executors, each task stages its own rows there and returns small JSON handles, and
+the driver only records those handles (`stage_epoch`). A sink without a writer gets
+each epoch's rows collected on the driver (`write_epoch`).
 
-    write_epoch(e, rows)      stage the epoch's rows (invisible to readers)
+    epoch_writer().write(e, part, rows)   on an executor: stage rows (invisible to
+                              readers) under a name unique to this attempt; return
+                              JSON handles of what was staged
+    stage_epoch(e, handles)   on the driver: the handles of epoch e's winning tasks
+    write_epoch(e, rows)      (sinks without a writer) stage the epoch's rows
     pre_commit(cid)           at the barrier: seal everything staged since the last
                               barrier; returns a JSON handle saying what to commit
     commit(handle)            when checkpoint cid completes: publish; idempotent
@@ -94,19 +101,43 @@ class Source(ABC):
         pass
 
 
+class EpochWriter(ABC):
+    """The executor side of a sink: picklable, holds no open resources between calls.
+
+    `write` may run more than once for the same (epoch, part) (Spark retries tasks,
+    and a task whose executor died runs again elsewhere): each attempt must stage
+    under a name of its own, and only the handles the driver receives are committed;
+    the rest are removed by `Sink.recover` or garbage collection."""
+
+    @abstractmethod
+    def write(self, epoch: int, part: int, rows: pa.Table) -> list[dict[str, Any]]:
+        """Stage `rows` of `epoch` from task `part` durably; return JSON handles (may be
+        empty when there are no rows)."""
+
+
 class Sink(ABC):
     name: str = "sink"
 
     def open(self, job_name: str) -> None:
         pass
 
+    def epoch_writer(self) -> EpochWriter | None:
+        """The executor-side writer, or None to receive rows on the driver (`write_epoch`)."""
+        return None
+
+    def stage_epoch(self, epoch: int, handles: list[dict[str, Any]]) -> None:
+        """Driver: what the executors staged for `epoch` (called once per epoch, also
+        with no handles). Only for sinks with an `epoch_writer`."""
+        raise NotImplementedError(f"sink {self.name} has no epoch_writer")
+
     @abstractmethod
     def recover(self, handle: Mapping[str, Any] | None) -> None:
         """See the module docstring. `handle` is this sink's handle from the restored
         checkpoint, or None when starting fresh."""
 
-    @abstractmethod
-    def write_epoch(self, epoch: int, rows: pa.Table) -> None: ...
+    def write_epoch(self, epoch: int, rows: pa.Table) -> None:
+        """Driver-side staging, for sinks without an `epoch_writer`."""
+        raise NotImplementedError(f"sink {self.name} stages from executors (epoch_writer)")
 
     @abstractmethod
     def pre_commit(self, checkpoint_id: int) -> Mapping[str, Any]: ...
