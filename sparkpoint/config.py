@@ -81,6 +81,11 @@ class Settings(_Model):
 
     # -- state -----------------------------------------------------------------------
     local_state_dir: str = Field("./state", alias="state.local.dir")
+    # Durable state = a periodic snapshot + per-epoch change logs (sparkpoint/state/changelog.py):
+    # how often each subtask uploads a snapshot (Flink's key), and at most how many change
+    # logs a rebuild replays before one is forced.
+    materialize_interval_ms: int = Field(10_000, alias="state.changelog.periodic-materialize.interval")
+    materialize_max_changelogs: int = Field(50, alias="state.changelog.max-changelogs")
     restore_mode: Literal["latest", "empty"] = Field("latest", alias="restore.mode")
     lease_ttl_ms: int = Field(15_000, alias="sparkpoint.lease.ttl")
 
@@ -98,13 +103,14 @@ class Settings(_Model):
     @field_validator(
         "checkpoint_interval_ms", "checkpoint_min_pause_ms", "checkpoint_timeout_ms", "fixed_delay_ms",
         "exp_initial_backoff_ms", "exp_max_backoff_ms", "exp_reset_threshold_ms", "failure_rate_interval_ms",
-        "failure_rate_delay_ms", "lease_ttl_ms", "idle_pause_ms", "progress_interval_ms", mode="before")
+        "failure_rate_delay_ms", "lease_ttl_ms", "idle_pause_ms", "progress_interval_ms",
+        "materialize_interval_ms", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> int:
         return parse_duration_ms(v)
 
     @field_validator("checkpoint_interval_ms", "checkpoint_timeout_ms", "parallelism", "max_parallelism",
-                     "checkpoint_max_concurrent", "num_retained")
+                     "checkpoint_max_concurrent", "num_retained", "materialize_max_changelogs")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v <= 0:

@@ -11,8 +11,6 @@ order, so a slow broker never blocks the coordinator or the epoch loop.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -167,17 +165,3 @@ class RuntimeGateway:
             # completion (handles are cumulative) or by recovery after a restart.
             log.exception("post-completion commit for checkpoint %d failed; it is retried by the next "
                           "checkpoint or on restore", checkpoint_id)
-
-
-def remove_local_checkpoints(subtask_dir: str, keep: set[int]) -> None:
-    """Drop local recovery copies (`chk-<id>` hard-link dirs) not in `keep`."""
-    if not os.path.isdir(subtask_dir):
-        return
-    for name in os.listdir(subtask_dir):
-        if name.startswith("chk-"):
-            try:
-                cid = int(name[4:])
-            except ValueError:
-                continue
-            if cid not in keep:
-                shutil.rmtree(os.path.join(subtask_dir, name), ignore_errors=True)

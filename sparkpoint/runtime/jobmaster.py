@@ -4,13 +4,14 @@ One epoch, on the main thread:
   1. take the barriers triggered since the last boundary (the coordinator's timer
      thread injects them); the barrier sits at the END of this epoch;
   2. plan a bounded slice per source split, read it, run the stateless steps and the
-     stateful step in Spark (each subtask applies its rows to its RocksDB store in one
-     vectorized call; with a barrier it also takes a hard-link checkpoint: the
-     synchronous part), collect the output as Arrow, stage it in the sink;
-  3. with a barrier: the remaining synchronous parts (positions, watermark, sink
-     pre-commit) ack at once; the uploads of the subtasks' local checkpoints (the
-     asynchronous part) run in the background while the next epochs run, and each
-     acks or declines when done.
+     stateful step in Spark. On the executors each subtask brings its local RocksDB
+     store to the epoch (or rebuilds it from checkpoint storage), applies its rows in
+     one vectorized call, writes the epoch's change log to checkpoint storage and
+     stages its output through the sink's executor-side writer. Back on the driver
+     come only small handles: change logs, snapshots, staged files (Lineages);
+  3. with a barrier: every participant acks with a handle: positions, watermark, the
+     sink's pre-commit, and each subtask's lineage (snapshot + change logs), which is
+     already durable, so a checkpoint completes right after its barrier epoch.
 
 A checkpoint failure only fails that checkpoint. The job fails over (restore the
 latest completed checkpoint, rewind sources, abort uncommitted sink output) when an
@@ -40,6 +41,7 @@ from sparkpoint.checkpoint import (
 from sparkpoint.config import Settings
 from sparkpoint.connectors.base import Positions, SourceContext
 from sparkpoint.errors import ConfigError, JobFailedError, LeaseLostError, NoValidCheckpointError
+from sparkpoint.faults import ParticipantFaults
 from sparkpoint.ops.progress import ProgressReporter
 from sparkpoint.runtime.failures import JOB, FailoverRequired
 from sparkpoint.runtime.failures import summarize as _summary
@@ -50,9 +52,10 @@ from sparkpoint.runtime.snapshots import SnapshotSteps
 from sparkpoint.runtime.spark import get_or_create_spark
 from sparkpoint.runtime.stage import run_epoch
 from sparkpoint.runtime.status import JobStatus, JobStatusTracker
-from sparkpoint.runtime.subtask import EpochTask
+from sparkpoint.runtime.executor.storage import StorageRef
+from sparkpoint.runtime.executor.subtask import EpochTask, OutputStep
+from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.storage_setup import open_job_storage
-from sparkpoint.testing.participant_faults import ParticipantFaults
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +93,10 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         self._failover_reason: str | None = None
         self._fatal: BaseException | None = None
         self.faults = ParticipantFaults.from_rules(settings.faults)
-        from sparkpoint.state.upload import FileHashCache
-
-        self.hash_cache = FileHashCache()
+        self.lineages = (Lineages(self.operator.name, self.P, settings.max_parallelism,
+                                  materialize_interval_ms=settings.materialize_interval_ms,
+                                  max_changelogs=settings.materialize_max_changelogs)
+                         if self.operator is not None else None)
         # progress state
         self.epoch = -1
         self.positions: Positions = {}
@@ -101,11 +105,8 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         self.restarts = 0
         self.final_done = False
         self.restored_from: int | None = None
+        self._restoring = False
         self._bad_checkpoints: dict[int, str] = {}
-        self._restore_futures: list[Future] = []
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._restore_pool = ThreadPoolExecutor(2, thread_name_prefix="restore")
 
     # ------------------------------------------------------------------ participants
     @property
@@ -155,6 +156,10 @@ class JobMaster(RestoreSteps, SnapshotSteps):
             from sparkpoint.runtime.user_code import ship_by_value
 
             ship_by_value(self.operator, getattr(self.operator, "_factory", None))
+        url = s.checkpoint_dir if "://" in s.checkpoint_dir else os.path.abspath(s.checkpoint_dir)
+        # Executors open checkpoint storage themselves (state files never pass the driver).
+        self.storage_ref = StorageRef(url, self.job_name, dict(s.storage_options), tuple(s.faults))
+        self.output_step = OutputStep(tuple(self.pipeline.output_maps), self.sink.epoch_writer())
         if getattr(self.sink, "staging_dir", False) is None:
             # Sinks that stage rows durably between pre-commit and commit (Kafka) keep
             # them beside the job's checkpoints unless told otherwise.
@@ -212,7 +217,6 @@ class JobMaster(RestoreSteps, SnapshotSteps):
             try:
                 self._restore()
                 self.status.transition(JobStatus.RUNNING)
-                self._await_restore()
                 self._epoch_loop()
                 if self._fatal is not None:
                     raise self._fatal
@@ -229,6 +233,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
                 if self._stop.is_set() and self._fatal is not None:
                     self._fail(self._fatal)
                     raise self._fatal
+                self._note_corrupt_restore(e)
                 self.status.transition(JobStatus.FAILING, e)
                 log.warning("job %s failing over: %s", self.job_name, _summary(e))
                 decision = strategy.on_failure()
@@ -255,7 +260,6 @@ class JobMaster(RestoreSteps, SnapshotSteps):
             self.coordinator.shutdown()
             self.gateway.shutdown()
             self.scheduler.shutdown()
-            self._restore_pool.shutdown(wait=True, cancel_futures=True)
         finally:
             self._lease_keeper.stop()
             self.storage.close(release_lease=self._fatal is None)
@@ -305,6 +309,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         for older in barriers[:-1]:
             self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
         epoch = self.epoch + 1
+        self._before_first_epoch_after_restore()
         df = self.source.read(plan)
         for step in self.pipeline.transforms:
             df = step(df)
@@ -312,20 +317,25 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         if self.operator is not None:
             task = EpochTask(self.operator, self.local_root, epoch, self.P, self.settings.max_parallelism,
                              None if final else self._watermark(), int(time.time() * 1000), final, checkpoint_id,
+                             self.storage_ref, self.lineages.for_tasks(), self.lineages.due_for_snapshot(),
+                             self.output_step,
                              self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]))
         wm_col = self.pipeline.watermark_.column if self.pipeline.watermark_ else None
-        result = run_epoch(self._spark, df, task, wm_col, epoch)
-        out = result.output
-        for fn in self.pipeline.output_maps:
-            out = fn(out)
-        self.sink.write_epoch(epoch, out)
+        result = run_epoch(self._spark, df, task, self.output_step, wm_col, epoch)
+        if self.lineages is not None:
+            self.lineages.on_epoch(epoch, result.infos)
+            self._restored_state_ready()
+        if result.output is not None:
+            self.sink.write_epoch(epoch, result.output)
+        else:
+            self.sink.stage_epoch(epoch, result.sink_handles)
         # The epoch is done: advance.
         self.epoch = epoch
         self.positions = dict(plan.end)
         self.records += result.input_records
         if result.max_event_time_ms is not None:
             self.max_event_time = max(self.max_event_time or result.max_event_time_ms, result.max_event_time_ms)
-        self.progress.on_epoch(result, out.num_rows)
+        self.progress.on_epoch(result, result.output_rows)
         if checkpoint_id is not None:
             self._snapshot(checkpoint_id, result)
 

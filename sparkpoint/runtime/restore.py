@@ -1,42 +1,49 @@
 """Restoring a job: which checkpoint, rewinding sources, recovering the sink, and
-the subtasks' state restored in the background (part of JobMaster)."""
+handing each subtask's lineage to the executors (part of JobMaster).
+
+The driver does no state I/O here: the restored checkpoint's lineages (snapshot +
+change logs per subtask) become the lineages of the next epoch's tasks, and each
+executor brings its local store to them in that first epoch (keeping a local copy
+that is already there, else rebuilding it from checkpoint storage, verified). Until
+that epoch is done the state participants count as restoring: a checkpoint
+triggered meanwhile is declined as NOT_ALL_REQUIRED_TASKS_RUNNING, which is never
+counted as a failure (seed 002)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
 from sparkpoint.errors import ConfigError, CorruptCheckpointError, NoValidCheckpointError
-from sparkpoint.runtime.failures import JOB, RestoreFailed
-from sparkpoint.runtime.subtask import local_checkpoint_dir, store_dir
+from sparkpoint.runtime.failures import JOB
+from sparkpoint.runtime.failures import summarize as _summary
+from sparkpoint.storage.handles import checkpoint_file_entries
 
 log = logging.getLogger("sparkpoint.runtime.jobmaster")
 
 
 class RestoreSteps:
     """JobMaster's restore steps; they use the job's attributes (source, sink, operator,
-    storage, coordinator, gateway, settings)."""
+    lineages, storage, coordinator, gateway, settings)."""
 
     def _restore(self) -> None:
-        """Pick the latest completed checkpoint not known to be corrupt, rewind sources
-        and recover the sink to it, and start restoring the subtasks' state in the
-        background. While they restore, the job is RUNNING but its state participants
-        are not: a checkpoint triggered then is declined as NOT_ALL_REQUIRED_TASKS_RUNNING,
-        which is never counted as a failure (seed 002)."""
+        """Pick the latest completed checkpoint not known to be corrupt, rewind sources,
+        recover the sink and take its lineages."""
         self.gateway.abort_all_local()
         self.gateway.wait_idle()
         self.gateway.drain_commits()
         self._failover_reason = None
         self.final_done = False
-        self._restore_futures = []
         self.coordinator.restore_latest()
         completed = list(reversed(self.coordinator.completed_store.all()))
-        candidates = [c for c in completed if c.checkpoint_id not in self._bad_checkpoints]
-        if candidates:
-            self._restore_from(candidates[0])
-            return
+        for data in completed:
+            if data.checkpoint_id in self._bad_checkpoints:
+                continue
+            try:
+                self._restore_from(data)
+                return
+            except CorruptCheckpointError as e:
+                self._mark_bad(data.checkpoint_id, e)
         if completed and self.settings.restore_mode != "empty":
             raise NoValidCheckpointError(
                 f"job {self.job_name} has {len(completed)} completed checkpoint(s) in {self.storage.layout.root} but none "
@@ -54,13 +61,13 @@ class RestoreSteps:
                     f"{len(committed)} epoch(s), but job {self.job_name} has no checkpoint in "
                     f"{self.storage.layout.root}: starting would mix two runs' output. Use an empty output directory, "
                     f"or the checkpoint directory of the run that wrote it")
-        shutil.rmtree(self.local_root, ignore_errors=True)
-        # Earlier restore attempts (of checkpoints that turned out corrupt) left the state
-        # participants marked restoring; starting empty there is nothing to wait for.
         self.gateway.set_restoring([])
+        if self.lineages is not None:
+            self.lineages.reset_empty()
         self.epoch = -1
         self.max_event_time = None
         self.restored_from = None
+        self._restoring = False
         self.positions = self.source.initial_positions()
         self.sink.recover(None)
         log.info("job %s starts from scratch (%s)", self.job_name,
@@ -77,9 +84,9 @@ class RestoreSteps:
                     f"checkpoint {data.checkpoint_id} of job {self.job_name} was taken with parallelism "
                     f"{_parallelism_of(handles, self.operator.name)}, this run has parallelism.default={self.P}; "
                     f"rescaling a restore is not supported yet: run with the checkpoint's parallelism")
+            self.lineages.restore({i: handles[self.state_participant(i)] for i in range(self.P)})
             self.gateway.set_restoring([self.state_participant(i) for i in range(self.P)])
-            self._restore_futures = [self._restore_pool.submit(self._restore_subtask, data, i)
-                                     for i in range(self.P)]
+            self._restoring = True
         self.epoch = int(job["epoch"])
         self.max_event_time = job.get("max_event_time")
         self.restored_from = data.checkpoint_id
@@ -87,33 +94,34 @@ class RestoreSteps:
         self.sink.recover(handles.get(self.sink_participant))
         log.info("job %s restores checkpoint %d (epoch %d)", self.job_name, data.checkpoint_id, self.epoch)
 
-    def _restore_subtask(self, data: CompletedCheckpointData, subtask: int) -> None:
-        from sparkpoint.state.restore import restore_snapshot
+    def _restored_state_ready(self) -> None:
+        """The first epoch after a restore is done: every subtask holds its state."""
+        if getattr(self, "_restoring", False):
+            self._restoring = False
+            self.gateway.set_restoring([])
 
-        participant = self.state_participant(subtask)
-        self.faults.before_restore(participant)
-        target = store_dir(self.local_root, self.operator.name, subtask)
-        shutil.rmtree(target, ignore_errors=True)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        local_copy = local_checkpoint_dir(self.local_root, self.operator.name, subtask, data.checkpoint_id)
-        report = restore_snapshot(data.handles[participant], self.storage.fs, self.storage.layout, target,
-                                  local_copy_dir=local_copy if os.path.isdir(local_copy) else None)
-        if getattr(report, "corrupt_local", None):
-            log.error("checkpoint %d, %s: the local recovery copy was corrupt (%s); those files were restored "
-                      "from checkpoint storage instead", data.checkpoint_id, participant, report.corrupt_local)
-        self.gateway.mark_ready(participant)
+    def _before_first_epoch_after_restore(self) -> None:
+        if getattr(self, "_restoring", False) and self.operator is not None:
+            for i in range(self.P):
+                self.faults.before_restore(self.state_participant(i))  # rehearsal: a slow restore
 
-    def _await_restore(self) -> None:
-        futures, self._restore_futures = self._restore_futures, []
-        for fut in futures:
-            try:
-                fut.result()
-            except CorruptCheckpointError as e:
-                cid = self.restored_from
-                self._bad_checkpoints[cid] = f"chk-{cid}: {e}"
-                log.error("ALARM checkpoint %s of job %s is corrupt and is skipped; falling back to an older "
-                          "retained checkpoint. %s", cid, self.job_name, e)
-                raise RestoreFailed(f"checkpoint {cid} is corrupt: {e}") from e
+    def _mark_bad(self, checkpoint_id: int, e: BaseException) -> None:
+        self._bad_checkpoints[checkpoint_id] = f"chk-{checkpoint_id}: {_summary(e)}"
+        log.error("ALARM checkpoint %s of job %s is corrupt and is skipped; falling back to an older retained "
+                  "checkpoint. %s", checkpoint_id, self.job_name, _summary(e))
+
+    def _note_corrupt_restore(self, e: BaseException) -> None:
+        """An executor could not rebuild state from the restored checkpoint's files
+        (missing or failing verification): never restore that checkpoint again."""
+        text = str(e)
+        cid = self.restored_from
+        if cid is None or "CorruptSnapshotError" not in text:
+            return
+        data = next((c for c in self.coordinator.completed_store.all() if c.checkpoint_id == cid), None)
+        if data is None:
+            return
+        if any(entry.path in text for entry in checkpoint_file_entries(data.handles)):
+            self._mark_bad(cid, e)
 
 
 def _parallelism_of(handles, op_name: str) -> int:

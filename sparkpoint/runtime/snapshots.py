@@ -1,10 +1,16 @@
-"""A checkpoint's parts at the barrier (synchronous) and in the background
-(asynchronous uploads), and what happens once it completes (part of JobMaster)."""
+"""A checkpoint's parts at the barrier and what happens once it completes (part of
+JobMaster).
+
+At the barrier epoch every participant's part is small: the job's epoch and
+watermark, the sources' positions, the sink's pre-commit handle, and each
+subtask's lineage (snapshot + change logs) that the executors already made
+durable while the epoch ran. The state participants still ack through the
+gateway's asynchronous lane, so an abort, a late ack or a rehearsed fault behaves
+as for any asynchronous snapshot part."""
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future
@@ -14,18 +20,15 @@ from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
 from sparkpoint.errors import SnapshotCancelled
 from sparkpoint.runtime.failures import JOB
 from sparkpoint.runtime.failures import summarize as _summary
-from sparkpoint.runtime.gateway import remove_local_checkpoints
-from sparkpoint.runtime.subtask import local_checkpoint_dir, store_dir
 
 log = logging.getLogger("sparkpoint.runtime.jobmaster")
 
 
 class SnapshotSteps:
     """JobMaster's snapshot steps; they use the job's attributes (coordinator, gateway,
-    storage, faults, operator, sink, source)."""
+    lineages, faults, operator, sink, source)."""
 
     def _snapshot(self, checkpoint_id: int, result) -> None:
-        """The synchronous parts at the barrier, then the asynchronous ones."""
         c = self.coordinator
         c.acknowledge(checkpoint_id, JOB, {"epoch": self.epoch, "max_event_time": self.max_event_time,
                                            "watermark": self._watermark(), "records": self.records})
@@ -47,30 +50,30 @@ class SnapshotSteps:
                 log.warning("checkpoint %d: synchronous snapshot of %s failed: %s", checkpoint_id, participant, error)
                 c.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_SYNC_FAILURE, error)
                 continue
-            self._start_upload(checkpoint_id, subtask)
+            handle, why_not = self.lineages.handle(subtask)
+            if handle is None:
+                log.warning("checkpoint %d: state of %s is not durable: %s. The job keeps running; a later "
+                            "checkpoint completes once checkpoint storage takes the change logs",
+                            checkpoint_id, participant, why_not)
+                c.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_ASYNC_FAILURE, why_not)
+                continue
+            self._ack_state(checkpoint_id, participant, handle)
 
-    def _start_upload(self, checkpoint_id: int, subtask: int) -> None:
-        from sparkpoint.state.upload import upload_snapshot
-
-        participant = self.state_participant(subtask)
-        local = local_checkpoint_dir(self.local_root, self.operator.name, subtask, checkpoint_id)
+    def _ack_state(self, checkpoint_id: int, participant: str, handle: dict) -> None:
         started = time.monotonic()
         cancelled = self.gateway.cancel_event(checkpoint_id)
 
-        def upload(cancel: threading.Event):
+        def confirm(cancel: threading.Event) -> dict:
             log.info("checkpoint %d: asynchronous part of %s started", checkpoint_id, participant)
             self.faults.before_async(participant, checkpoint_id, cancel)
-            return upload_snapshot(local, self.storage.fs, self.storage.layout, checkpoint_id,
-                                   f"state/{self.operator.name}/{subtask}", previous=self._previous_index(),
-                                   cancel=cancel, hash_cache=self.hash_cache)
+            if cancel.is_set():
+                raise SnapshotCancelled(f"checkpoint {checkpoint_id} was aborted")
+            return handle
 
         def done(fut: Future) -> None:
-            # A future cancelled before it ran (pool shut down) raises from exception().
             if fut.cancelled() or isinstance(fut.exception(), SnapshotCancelled) or \
                     (cancelled is not None and cancelled.is_set()):
-                # The checkpoint was aborted (its local copy may be gone too, so any error
-                # here is a consequence of the abort): the abort path owns it.
-                return
+                return  # the checkpoint was aborted: the abort path owns it
             error = fut.exception()
             if error is not None:
                 log.warning("checkpoint %d: asynchronous snapshot of %s failed: %s", checkpoint_id, participant,
@@ -78,28 +81,22 @@ class SnapshotSteps:
                 self.coordinator.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_ASYNC_FAILURE,
                                          error)
                 return
-            uploaded = fut.result()
             if self.faults.lose_ack(participant, checkpoint_id):
                 log.warning("checkpoint %d: ack of %s dropped by fault injection", checkpoint_id, participant)
                 return
-            metrics = dict(uploaded.metrics.to_json())
-            metrics["bytes"] = int(metrics.get("bytes_uploaded", 0))
-            metrics["async_ms"] = int((time.monotonic() - started) * 1000)
-            self.coordinator.acknowledge(checkpoint_id, participant, uploaded.handle, metrics)
+            files = handle["changelog"]["files"] + ((handle.get("base") or {}).get("files") or [])
+            metrics = {"bytes": sum(int(f["size"]) for f in handle["changelog"]["files"]),
+                       "state_bytes": sum(int(f["size"]) for f in files),
+                       "changelogs": len(handle["changelog"]["files"]),
+                       "async_ms": int((time.monotonic() - started) * 1000)}
+            self.coordinator.acknowledge(checkpoint_id, participant, fut.result(), metrics)
 
-        if not self.gateway.start_async_part(checkpoint_id, upload, done):
-            log.debug("checkpoint %d already aborted; no upload for %s", checkpoint_id, participant)
-
-    def _previous_index(self):
-        from sparkpoint.state.snapshot import SnapshotHandleIndex
-
-        handles = [h for c in self.coordinator.completed_store.all() for p, h in c.handles.items()
-                   if p.startswith("state:")]
-        return SnapshotHandleIndex.from_handles(handles)
+        if not self.gateway.start_async_part(checkpoint_id, confirm, done):
+            log.debug("checkpoint %d already aborted; no ack for %s", checkpoint_id, participant)
 
     def _on_checkpoint_complete(self, checkpoint_id: int, data: CompletedCheckpointData) -> None:
         """Runs on the committer thread, after `_metadata` is durable: publish output,
-        commit source offsets, drop local recovery copies nobody needs."""
+        commit source offsets."""
         sink_handle = data.handles.get(self.sink_participant)
         if sink_handle is not None:
             self.sink.commit(sink_handle)
@@ -109,8 +106,3 @@ class SnapshotSteps:
                 self.source.notify_checkpoint_complete(checkpoint_id, src["positions"])
             except Exception:
                 log.exception("source %s: post-checkpoint hook failed (ignored)", self.source.name)
-        if self.operator is not None:
-            keep = {c.checkpoint_id for c in self.coordinator.completed_store.all()}
-            keep |= set(self.coordinator.pending_checkpoint_ids())
-            for i in range(self.P):
-                remove_local_checkpoints(os.path.dirname(store_dir(self.local_root, self.operator.name, i)), keep)

@@ -1,34 +1,54 @@
 """One epoch's Spark work: stateless steps, pre-aggregation, key groups, one
-vectorized call per subtask, and the output collected as Arrow on the driver."""
+vectorized call per subtask on the executors; back on the driver come one meta row
+per task (and the output rows only for sinks that stage on the driver)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkpoint.runtime.subtask import META_ERROR, META_MS, META_ROWS, META_SUBTASK, EpochTask, output_schema_with_meta
+from sparkpoint.runtime.executor.subtask import (
+    META_ERROR,
+    META_INFO,
+    META_MS,
+    META_NAMES,
+    META_ROWS,
+    META_SUBTASK,
+    EpochTask,
+    OutputStep,
+    output_schema_with_meta,
+    where_am_i,
+    with_meta,
+)
 from sparkpoint.state.interfaces import KEY_GROUP_COL, MARKER_COL, SUBTASK_COL
 
 
 @dataclass
 class EpochResult:
-    output: pa.Table
+    output: pa.Table | None  # None when the sink staged the output on the executors
     input_records: int
     max_event_time_ms: int | None
     # subtask -> error text of its synchronous snapshot part (None = ok); only with a barrier
     sync_errors: dict[int, str | None]
     subtask_rows: dict[int, int]
     subtask_ms: dict[int, int]
+    infos: dict[int, dict[str, Any]] = field(default_factory=dict)
+    sink_handles: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def output_rows(self) -> int:
+        if self.output is not None:
+            return self.output.num_rows
+        return sum(int(h.get("rows", 0)) for h in self.sink_handles)
 
 
-def run_epoch(spark, df, task: EpochTask | None, event_time_column: str | None, epoch: int) -> EpochResult:
+def _observe(df, event_time_column: str | None, epoch: int):
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import TimestampNTZType, TimestampType
 
     obs = Observation(f"epoch-{epoch}")
@@ -39,12 +59,18 @@ def run_epoch(spark, df, task: EpochTask | None, event_time_column: str | None, 
             ts = F.unix_millis(ts)
         metrics.append(F.max(ts).alias("max_ts"))
     # Observed metrics are collected by the epoch's one action: no extra Spark job.
-    df = df.observe(obs, *metrics)
+    return df.observe(obs, *metrics), obs
 
-    if task is None:  # a stateless pipeline
-        out = df.toArrow()
-        m = obs.get
-        return EpochResult(out, int(m.get("n", 0)), m.get("max_ts"), {}, {}, {})
+
+def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_column: str | None,
+              epoch: int) -> EpochResult:
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+    df, obs = _observe(df, event_time_column, epoch)
+    if task is None:
+        return _run_stateless(df, obs, output, epoch)
+
+    from pyspark.sql import functions as F
 
     op = task.operator
     op.resolve_input_schema(to_arrow_schema(df.schema))
@@ -60,30 +86,56 @@ def run_epoch(spark, df, task: EpochTask | None, event_time_column: str | None, 
     markers = spark.range(task.parallelism).select(F.col("id").cast("int").alias(SUBTASK_COL),
                                                    F.lit(True).alias(MARKER_COL))
     rows = pre.unionByName(markers, allowMissingColumns=True)
-    schema = output_schema_with_meta(op)
+    schema = output_schema_with_meta(op.output_schema)
 
     def apply_subtask(table: pa.Table) -> pa.Table:  # PySpark inspects a plain function's arity
         return task(table)
 
     out = rows.groupBy(SUBTASK_COL).applyInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
     m = obs.get
-
     data, meta = split_meta(out, op.output_schema)
     seen = {r[META_SUBTASK] for r in meta}
     missing = set(range(task.parallelism)) - seen
     if missing:  # cannot happen unless Spark dropped a group; never checkpoint over it
         raise RuntimeError(f"subtasks {sorted(missing)} did not report for epoch {epoch}")
+    infos = {r[META_SUBTASK]: json.loads(r[META_INFO]) for r in meta}
     return EpochResult(
-        data, int(m.get("n", 0)), m.get("max_ts"),
+        output.map(data) if output.writer is None else None, int(m.get("n", 0)), m.get("max_ts"),
         {r[META_SUBTASK]: r[META_ERROR] for r in meta},
         {r[META_SUBTASK]: r[META_ROWS] for r in meta},
         {r[META_SUBTASK]: r[META_MS] for r in meta},
+        infos, [h for i in sorted(infos) for h in infos[i].get("sink", [])],
     )
+
+
+def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:
+    if output.writer is None:
+        out = output.map(df.toArrow())
+        m = obs.get
+        return EpochResult(out, int(m.get("n", 0)), m.get("max_ts"), {}, {}, {})
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+    in_schema = to_arrow_schema(df.schema)
+    schema = output_schema_with_meta(pa.schema([]))
+
+    def write_partition(batches):
+        from pyspark import TaskContext
+
+        table = pa.Table.from_batches(list(batches), schema=in_schema)
+        part = TaskContext.get().partitionId()
+        _, handles = output(epoch, part, table)
+        info = json.dumps({**where_am_i(), "sink": handles})
+        yield from with_meta(None, schema, part, table.num_rows, 0, None, info).to_batches()
+
+    meta = df.mapInArrow(write_partition, from_arrow_schema(schema)).toArrow().to_pylist()
+    m = obs.get
+    handles = [h for r in sorted(meta, key=lambda r: r[META_SUBTASK]) for h in json.loads(r[META_INFO])["sink"]]
+    return EpochResult(None, int(m.get("n", 0)), m.get("max_ts"), {}, {}, {}, {}, handles)
 
 
 def split_meta(out: pa.Table, output_schema: pa.Schema) -> tuple[pa.Table, list[dict]]:
     """Separate the subtasks' output rows from the one meta row each subtask adds."""
     is_meta = pc.is_valid(out.column(META_SUBTASK))
-    meta = out.filter(is_meta).select([META_SUBTASK, META_ROWS, META_MS, META_ERROR]).to_pylist()
-    data = out.filter(pc.invert(is_meta)).drop_columns([META_SUBTASK, META_ROWS, META_MS, META_ERROR])
+    meta = out.filter(is_meta).select([META_SUBTASK, META_ROWS, META_MS, META_ERROR, META_INFO]).to_pylist()
+    data = out.filter(pc.invert(is_meta)).drop_columns(META_NAMES)
     return (data.cast(output_schema) if data.schema != output_schema else data), meta

@@ -5,18 +5,16 @@ Per epoch and per stateful step, the runtime:
   2. adds `__kg = pmod(xxhash64(key columns), max_parallelism)` and
      `__subtask = __kg * parallelism // max_parallelism` (Flink's key-group ranges),
      plus one marker row per subtask so every subtask runs every epoch,
-  3. `groupBy("__subtask").applyInArrow(...)`; inside the Python worker, for subtask i:
-       store = SubtaskStateStore.open(local_dir(op, i))
-       if store.epoch() == ctx.epoch:       # Spark retried or recomputed this task
-           return store.last_output()       # idempotent: same output, state untouched
-       if store.epoch() != ctx.epoch - 1:   # missing / stale local state
-           raise StaleStateError            # the driver restores from a checkpoint
+  3. `groupBy("__subtask").applyInArrow(...)`; inside the Python worker, for subtask i
+     (sparkpoint/runtime/executor/subtask.py):
+       store = the local store brought to epoch - 1 (used as is, caught up from change
+               logs, or rebuilt from checkpoint storage: local disk is only a cache)
+       if Spark re-ran this task after it committed: return the stored output
        out = operator.apply(store, rows_without_marker, ctx)
-       store.commit_epoch(ctx.epoch, out)   # ONE atomic write batch: state + marker + out
-       if ctx.checkpoint_id is not None:    # barrier at this epoch boundary: sync part
-           store.create_local_checkpoint(local_checkpoint_dir(op, i, ctx.checkpoint_id))
-       store.close()
-  4. the driver uploads each subtask's local checkpoint in the background (async part).
+       the epoch's change log -> checkpoint storage; then ONE atomic local commit of
+       state + epoch marker + output
+  4. the driver records each subtask's lineage (snapshot + change logs) and hands it
+     to the next epoch; a checkpoint's state handles are those lineages.
 
 Operators are shipped to Spark's Python workers with cloudpickle (that is Spark's
 own mechanism, code not data); they must hold no open resources between epochs.

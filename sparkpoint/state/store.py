@@ -32,6 +32,10 @@ NO_EPOCH = -1
 _FORMAT_KEY = meta_key("format")
 _EPOCH_KEY = meta_key("epoch")
 _OUTPUT_KEY = meta_key("last_output")
+# Which durable state this store holds (sparkpoint.state.changelog): the id of its
+# committed epoch's change log (or base snapshot), the id of the epoch before it, and
+# the committed epoch's change-log entry (returned again when Spark re-runs the task).
+_LINEAGE_KEY = meta_key("lineage")
 _DELETED = None  # overlay tombstone
 
 
@@ -182,9 +186,22 @@ class SubtaskStateStore:
     def pending_writes(self) -> int:
         return len(self._overlay.writes)
 
-    def commit_epoch(self, epoch: int, output: pa.Table) -> None:
-        """Make this epoch's writes, the epoch marker and `output` durable in one atomic
-        WriteBatch. Raises StaleStateError if `epoch` does not move forward."""
+    def lineage(self) -> dict:
+        """What `commit_epoch(..., lineage=...)` recorded last ({} for a fresh store)."""
+        raw = self._db.get(_LINEAGE_KEY)
+        return json.loads(raw) if raw else {}
+
+    def pending_changes(self) -> dict[bytes, bytes | None]:
+        """This epoch's uncommitted writes (None = delete): the epoch's change log."""
+        return dict(self._overlay.writes)
+
+    def apply_changes(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        """Buffer a replayed change log (None deletes), to be committed like any epoch."""
+        self._overlay.writes.update(zip(keys, values))
+
+    def commit_epoch(self, epoch: int, output: pa.Table, lineage: dict | None = None) -> None:
+        """Make this epoch's writes, the epoch marker, `output` and `lineage` durable in
+        one atomic WriteBatch. Raises StaleStateError if `epoch` does not move forward."""
         if epoch <= self._epoch:
             raise StaleStateError(f"state at {self.path} is already at epoch {self._epoch}; "
                                   f"cannot commit epoch {epoch} again")
@@ -196,6 +213,8 @@ class SubtaskStateStore:
                 batch.put(key, value)
         batch.put(_EPOCH_KEY, epoch.to_bytes(8, "big", signed=True))
         batch.put(_OUTPUT_KEY, _ipc_bytes(output))
+        if lineage is not None:
+            batch.put(_LINEAGE_KEY, json.dumps(lineage, sort_keys=True).encode())
         self._db.write(batch, self._options.write_options())
         self._overlay = _Overlay()
         self._epoch = epoch

@@ -105,6 +105,7 @@ def upload_snapshot(
     cancel: threading.Event | None = None,
     hash_cache: FileHashCache | None = None,
     retain_local: bool = True,
+    all_shared: bool = False,
     clock: Callable[[], float] = time.monotonic,
 ) -> UploadResult:
     """Upload the RocksDB checkpoint in `local_checkpoint_dir` as checkpoint
@@ -114,7 +115,10 @@ def upload_snapshot(
     and while hashing); after it raises nothing more is written. Raises `StorageError`
     on I/O failure (the runtime declines the checkpoint; the job keeps running).
     `retain_local=False` deletes `local_checkpoint_dir` after a successful upload;
-    keep it (the default) to serve as the local recovery copy."""
+    keep it (the default) to serve as the local recovery copy. `all_shared=True` puts
+    every file (MANIFEST, CURRENT, ... too) content addressed under `shared/`: a
+    snapshot that is not owned by one checkpoint (a change-log base, referenced by
+    every checkpoint until the next one)."""
     validate_participant_path(participant_path)
     started = clock()
     cache = hash_cache if hash_cache is not None else FileHashCache()
@@ -127,10 +131,10 @@ def upload_snapshot(
         _raise_if_cancelled(cancel, checkpoint_id, participant_path)
         local = os.path.join(local_checkpoint_dir, name)
         size = os.stat(local).st_size
-        shared = is_immutable(name)
+        shared = all_shared or is_immutable(name)
         try:
             # Mutable files are small and change under the same name: never cached.
-            digest = cache.sha256(local, cancel) if shared else sha256_file(local, cancel)
+            digest = cache.sha256(local, cancel) if is_immutable(name) else sha256_file(local, cancel)
         except SnapshotCancelled:
             _raise_if_cancelled(cancel, checkpoint_id, participant_path)
             raise

@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
+import json
+import os
+
+from sparkpoint.runtime.executor.state import fresh_lineage, subtask_dir
+from sparkpoint.runtime.executor.storage import StorageRef
+from sparkpoint.runtime.executor.subtask import META_INFO, EpochTask
 from sparkpoint.runtime.stage import split_meta
-from sparkpoint.runtime.subtask import EpochTask, store_dir
+from sparkpoint.state.changelog import ChangelogFile, Lineage
 from sparkpoint.state.interfaces import MARKER_COL, SUBTASK_COL, EpochContext, StatefulOperator
 
 MAX_PARALLELISM = 16
@@ -34,7 +40,11 @@ def ctx(epoch: int, watermark_ms: int | None = None, *, final: bool = False, pro
 
 def store_path(state_dir: Path, op: StatefulOperator, subtask: int = 0) -> str:
     """Where the worker step keeps `op`'s state for `subtask` under `state_dir`."""
-    return store_dir(str(state_dir), op.name, subtask)
+    return os.path.join(subtask_dir(str(state_dir), op.name, subtask), "db")
+
+
+# The driver's part, per (state dir, operator, subtask): the lineage the next epoch's task gets.
+_LINEAGES: dict[tuple[str, str, int], Lineage] = {}
 
 
 def worker_input(rows: pa.Table, subtask: int) -> pa.Table:
@@ -55,9 +65,21 @@ def run_epoch(state_dir: Path, op: StatefulOperator, rows: pa.Table, context: Ep
     when the same epoch runs again."""
     if all(c in rows.column_names and not pa.types.is_null(rows.schema.field(c).type) for c in op.key_columns):
         op.resolve_input_schema(rows.schema)  # the driver's step (stage.run_epoch); untyped empty inputs skip it
+    key = (str(state_dir), op.name, context.subtask)
+    lineage = _LINEAGES.get(key)
+    if lineage is None or lineage.epoch >= context.epoch:
+        # A fresh run, or the same epoch again: the lineage as of the epoch before.
+        lineage = _LINEAGES.get((*key, context.epoch - 1)) or fresh_lineage(
+            op.name, context.subtask, context.parallelism, context.max_parallelism)  # type: ignore[arg-type]
+    storage = StorageRef(str(Path(state_dir) / "_checkpoints"), "job")
     task = EpochTask(op, str(state_dir), context.epoch, context.parallelism, context.max_parallelism,
-                     context.watermark_ms, context.processing_time_ms, context.final, None)
-    data, _meta = split_meta(task(worker_input(rows, context.subtask)), op.output_schema)
+                     context.watermark_ms, context.processing_time_ms, context.final, None, storage,
+                     {context.subtask: lineage})
+    data, meta = split_meta(task(worker_input(rows, context.subtask)), op.output_schema)
+    entry = json.loads(meta[0][META_INFO])["changelog"]
+    if lineage.epoch == context.epoch - 1:
+        _LINEAGES[(*key, context.epoch - 1)] = lineage  # type: ignore[index]
+        _LINEAGES[key] = lineage.advance(ChangelogFile.from_json(entry))
     return data
 
 

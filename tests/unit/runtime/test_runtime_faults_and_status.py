@@ -4,7 +4,7 @@ import pytest
 
 from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.status import JobStatus, JobStatusTracker
-from sparkpoint.testing.participant_faults import InjectedFault, ParticipantFaults
+from sparkpoint.faults import InjectedFault, ParticipantFaults
 
 
 def test_participant_fault_rules_from_config():

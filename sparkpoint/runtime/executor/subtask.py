@@ -1,0 +1,157 @@
+"""What one stateful subtask does in one epoch, inside a Spark Python worker.
+
+    state = the subtask's store at the lineage's tip   (local, caught up, or rebuilt)
+    out   = operator.apply(store, rows)                 (or the stored output of a re-run)
+    the epoch's change log -> checkpoint storage, then the epoch commits locally
+    [snapshot upload, when the driver asks]
+    out  -> the sink's executor-side writer (only handles go back), or back to the driver
+
+The task returns the output rows (sinks without a writer) plus ONE meta row that
+tells the driver what happened: rows, time, the change-log entry, a snapshot
+handle, how the state was obtained, and the sink's staged-file handles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkpoint.state.changelog import Lineage
+from sparkpoint.state.interfaces import MARKER_COL, SUBTASK_COL, EpochContext, StatefulOperator
+
+META_SUBTASK = "__meta_subtask"
+META_ROWS = "__meta_rows"
+META_MS = "__meta_ms"
+META_ERROR = "__meta_error"
+META_INFO = "__meta_info"
+META_FIELDS = [
+    pa.field(META_SUBTASK, pa.int32()),
+    pa.field(META_ROWS, pa.int64()),
+    pa.field(META_MS, pa.int64()),
+    pa.field(META_ERROR, pa.string()),
+    pa.field(META_INFO, pa.string()),
+]
+META_NAMES = [f.name for f in META_FIELDS]
+
+
+def output_schema_with_meta(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_nullable(True) for f in schema] + META_FIELDS)
+
+
+def where_am_i() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "executor": os.environ.get("SPARK_EXECUTOR_ID")
+            or _executor_id()}
+
+
+def _executor_id() -> str | None:
+    try:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        return tc.getLocalProperty("spark.executor.id") if tc else None
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class OutputStep:
+    """Output rows -> the sink: through `output_maps`, then the executor-side writer
+    (handles go back) or back to the driver (rows go back)."""
+
+    output_maps: tuple[Callable[[pa.Table], pa.Table], ...] = ()
+    writer: Any = None  # sparkpoint.connectors.base.EpochWriter | None
+
+    def __call__(self, epoch: int, part: int, out: pa.Table) -> tuple[pa.Table | None, list[dict]]:
+        if self.writer is None:
+            return out, []  # the driver maps and stages it (the task's schema is the operator's)
+        return None, list(self.writer.write(epoch, part, self.map(out)))
+
+    def map(self, out: pa.Table) -> pa.Table:
+        for fn in self.output_maps:
+            out = fn(out)
+        return out
+
+
+@dataclass(frozen=True)
+class EpochTask:
+    """Everything the worker needs for one epoch; shipped with the function."""
+
+    operator: StatefulOperator
+    local_root: str
+    epoch: int
+    parallelism: int
+    max_parallelism: int
+    watermark_ms: int | None
+    processing_time_ms: int
+    final: bool
+    checkpoint_id: int | None
+    storage: Any  # sparkpoint.runtime.executor.storage.StorageRef
+    lineages: dict[int, Lineage]
+    materialize: frozenset[int] = frozenset()
+    output: OutputStep = OutputStep()
+    # Fault rehearsal: subtasks whose synchronous snapshot part must fail (sparkpoint.faults).
+    fail_sync_subtasks: tuple[int, ...] = ()
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from sparkpoint.runtime.executor.state import SubtaskState
+
+        started = time.perf_counter()
+        subtask = int(table.column(SUBTASK_COL)[0].as_py())
+        is_marker = pc.fill_null(table.column(MARKER_COL), False)
+        rows = table.filter(pc.invert(is_marker)).drop_columns([SUBTASK_COL, MARKER_COL])
+        ctx = EpochContext(self.epoch, subtask, self.parallelism, self.max_parallelism, self.watermark_ms,
+                           self.processing_time_ms, self.final, self.checkpoint_id)
+        fs, layout = self.storage.open(self.checkpoint_id)
+        state = SubtaskState(self.local_root, self.lineages[subtask], fs, layout)
+        info: dict[str, Any] = where_am_i()
+        try:
+            store = state.open(self.epoch)
+            if state.report.how == "retry":
+                # Spark re-ran this task (retry or recomputation): same output, state untouched.
+                out, entry = state.retried_output()
+                if out is None or out.num_columns == 0:
+                    out = pa.Table.from_pylist([], self.operator.output_schema)
+            else:
+                out = self.operator.apply(store, rows, ctx)
+                entry = state.commit(self.epoch, out)
+            info["changelog"] = entry.to_json() if entry is not None else None
+            if subtask in self.materialize and entry is not None and entry.durable:
+                try:
+                    info["snapshot"] = state.materialize(self.epoch, self.checkpoint_id)
+                except Exception as e:  # a failed upload only delays the next snapshot
+                    info["snapshot_error"] = f"{type(e).__name__}: {e}"
+        finally:
+            state.close()
+        error = None
+        if self.checkpoint_id is not None and subtask in self.fail_sync_subtasks:
+            error = "OSError: injected fault: synchronous snapshot part"
+        info["state"] = state.report.__dict__
+        data, info["sink"] = self.output(self.epoch, subtask, out)
+        info_json = json.dumps(info, default=str)
+        ms = int((time.perf_counter() - started) * 1000)
+        return with_meta(data, output_schema_with_meta(self.operator.output_schema), subtask, rows.num_rows, ms,
+                         error, info_json)
+
+
+def with_meta(out: pa.Table | None, schema: pa.Schema, subtask: int, rows: int, ms: int, error: str | None,
+              info: str) -> pa.Table:
+    n = 0 if out is None else out.num_rows
+    cols = {}
+    for f in schema:
+        if f.name in META_NAMES:
+            continue
+        if out is not None and f.name in out.column_names:
+            cols[f.name] = pa.concat_arrays([out.column(f.name).combine_chunks().cast(f.type), pa.nulls(1, f.type)])
+        else:
+            cols[f.name] = pa.nulls(n + 1, f.type)
+    meta_values = {META_SUBTASK: subtask, META_ROWS: rows, META_MS: ms, META_ERROR: error, META_INFO: info}
+    for f in META_FIELDS:
+        cols[f.name] = pa.concat_arrays([pa.nulls(n, f.type), pa.array([meta_values[f.name]], f.type)])
+    return pa.Table.from_pydict({f.name: cols[f.name] for f in schema}, schema=schema)

@@ -1,0 +1,137 @@
+"""A subtask's state on executors that do not share a disk (runtime/executor): each
+epoch's change log reaches checkpoint storage, any executor rebuilds the exact state
+of the epoch it is about to run, a re-run returns the committed rows, a storage
+outage only delays durability, and corrupt files are named, never used.
+
+Two "executors" are two local roots; the driver's part is a real `Lineages`."""
+
+from __future__ import annotations
+
+import json
+import pyarrow as pa
+import pytest
+
+from sparkpoint.api import KeyedAggregate
+from sparkpoint.errors import CorruptSnapshotError, StaleStateError
+from sparkpoint.runtime.executor.storage import StorageRef
+from sparkpoint.runtime.executor.subtask import META_INFO, EpochTask
+from sparkpoint.runtime.lineages import Lineages
+from sparkpoint.runtime.stage import split_meta
+from sparkpoint.state.interfaces import KEY_GROUP_COL, MARKER_COL, SUBTASK_COL
+
+MAXP = 4
+
+
+def op() -> KeyedAggregate:
+    return KeyedAggregate("totals", ["user"], "amount", aggs=("count", "sum"), value_type="bigint",
+                          key_schema="user STRING")
+
+
+def worker_input(users: list[str], amounts: list[int]) -> pa.Table:
+    """Pre-aggregated rows of subtask 0 (parallelism 1) plus its marker row."""
+    n = len(users)
+    return pa.table({"user": users + [None], "__count": [1] * n + [None], "__nvalues": [1] * n + [None],
+                     "__sum": amounts + [None], "__min": amounts + [None], "__max": amounts + [None],
+                     KEY_GROUP_COL: pa.array([0] * n + [None], pa.int32()),
+                     SUBTASK_COL: pa.array([0] * (n + 1), pa.int32()),
+                     MARKER_COL: [False] * n + [True]})
+
+
+class Driver:
+    """The driver's side: lineages in, meta rows out; no state file is touched here."""
+
+    def __init__(self, tmp_path, faults=(), snapshot_every: int = 1000):
+        self.storage = StorageRef(str(tmp_path / "checkpoints"), "job", {}, tuple(faults))
+        self.lineages = Lineages("totals", 1, MAXP, materialize_interval_ms=3_600_000,
+                                 max_changelogs=snapshot_every)
+        self.epoch = -1
+
+    def run(self, executor_root, users, amounts, *, epoch: int | None = None, record: bool = True,
+            checkpoint_id: int | None = None):
+        epoch = self.epoch + 1 if epoch is None else epoch
+        t = EpochTask(op(), str(executor_root), epoch, 1, MAXP, None, 0, False, checkpoint_id, self.storage,
+                      self.lineages.for_tasks(), self.lineages.due_for_snapshot())
+        data, meta = split_meta(t(worker_input(users, amounts)), op().output_schema)
+        info = json.loads(meta[0][META_INFO])
+        if record:
+            self.lineages.on_epoch(epoch, {0: info})
+            self.epoch = epoch
+        return sorted((r["user"], r["count"], r["sum"]) for r in data.to_pylist()), info
+
+
+def test_a_rerun_of_a_committed_epoch_returns_the_same_rows_without_applying_twice(tmp_path):
+    d = Driver(tmp_path)
+    d.run(tmp_path / "a", ["ann", "bob"], [1, 2])
+    first, _ = d.run(tmp_path / "a", ["ann"], [10], record=False)
+    again, info = d.run(tmp_path / "a", ["ann"], [10])  # Spark re-ran the task of epoch 1
+    assert first == again == [("ann", 2, 11)]
+    assert info["state"]["how"] == "retry"
+    assert d.run(tmp_path / "a", ["ann"], [1])[0] == [("ann", 3, 12)]
+
+
+def test_a_subtask_that_moves_to_an_executor_without_its_state_rebuilds_it_from_storage(tmp_path):
+    d = Driver(tmp_path)
+    d.run(tmp_path / "a", ["ann", "bob"], [1, 2])
+    d.run(tmp_path / "a", ["ann"], [10])
+    rows, info = d.run(tmp_path / "b", ["ann", "bob"], [100, 5])   # executor b has never seen it
+    assert rows == [("ann", 3, 111), ("bob", 2, 7)]
+    assert info["state"]["how"] == "rebuild" and info["state"]["replayed"] == 2
+    # Back on executor a, which is two epochs behind on the same lineage: it catches up.
+    rows, info = d.run(tmp_path / "a", ["bob"], [1])
+    assert rows == [("bob", 3, 8)]
+    assert info["state"]["how"] == "catch-up" and info["state"]["replayed"] == 1
+
+
+def test_rebuild_from_a_snapshot_plus_later_change_logs(tmp_path):
+    d = Driver(tmp_path, snapshot_every=2)
+    for i in range(5):
+        d.run(tmp_path / "a", ["ann", f"u{i}"], [1, i])
+    lin = d.lineages.for_tasks()[0]
+    assert lin.base is not None and lin.base_epoch >= 1 and len(lin.changelog) < 5
+    rows, info = d.run(tmp_path / "b", ["ann"], [1])
+    assert rows == [("ann", 6, 6)]
+    assert info["state"]["how"] == "rebuild" and info["state"]["replayed"] == len(lin.changelog)
+
+
+def test_local_state_ahead_of_the_restored_lineage_is_not_used(tmp_path):
+    d = Driver(tmp_path)
+    d.run(tmp_path / "a", ["ann"], [1])
+    restored = d.lineages.handle(0)[0]
+    d.run(tmp_path / "a", ["ann"], [10])
+    d.run(tmp_path / "a", ["ann"], [100])
+    d.lineages.restore({0: restored})   # failover to the checkpoint at epoch 0
+    d.epoch = 0
+    rows, info = d.run(tmp_path / "a", ["ann"], [5])
+    assert rows == [("ann", 2, 6)] and info["state"]["how"] == "rebuild"
+
+
+def test_storage_refusing_a_change_log_keeps_the_job_running_and_blocks_only_checkpoints(tmp_path):
+    fail_chk_3 = {"op": "upload", "path": "*", "checkpoints": [3], "action": "fail"}
+    d = Driver(tmp_path, faults=[fail_chk_3])
+    d.run(tmp_path / "a", ["ann"], [1])
+    rows, info = d.run(tmp_path / "a", ["ann"], [2], checkpoint_id=3)  # the barrier epoch's upload fails
+    assert rows == [("ann", 2, 3)]
+    handle, why = d.lineages.handle(0)
+    assert handle is None and "epochs [1]" in why
+    _, info = d.run(tmp_path / "a", ["ann"], [3])                       # storage is back
+    assert info["state"]["durable_refs"]
+    handle, why = d.lineages.handle(0)
+    assert why is None and [f["epoch"] for f in handle["changelog"]["files"]] == [0, 1, 2]
+    assert d.run(tmp_path / "b", ["ann"], [4])[0] == [("ann", 4, 10)]  # and any executor can rebuild it
+
+
+def test_a_move_while_a_change_log_is_only_on_the_old_executor_fails_the_epoch_clearly(tmp_path):
+    d = Driver(tmp_path, faults=[{"op": "upload", "path": "*", "action": "fail", "times": 1}])
+    d.run(tmp_path / "a", ["ann"], [1])
+    with pytest.raises(StaleStateError, match="never reached checkpoint storage"):
+        d.run(tmp_path / "b", ["ann"], [2])
+
+
+def test_a_corrupt_change_log_is_named_and_never_applied(tmp_path):
+    d = Driver(tmp_path)
+    d.run(tmp_path / "a", ["ann"], [1])
+    entry = d.lineages.for_tasks()[0].changelog[0]
+    path = tmp_path / "checkpoints" / "job" / entry.file.path
+    path.write_bytes(b"x" * entry.file.size)
+    with pytest.raises(CorruptSnapshotError, match=entry.file.name):
+        d.run(tmp_path / "b", ["ann"], [2])
