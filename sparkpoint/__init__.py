@@ -13,16 +13,20 @@ from sparkpoint.api import (
     TumblingWindow,
     ValueState,
 )
+from sparkpoint.api import pipeline as _pipeline
 from sparkpoint.api.pipeline import Pipeline
 from sparkpoint.config import Settings
 from sparkpoint.connectors.files import FileSource
 from sparkpoint.connectors.generator import GeneratorSource
 from sparkpoint.connectors.parquet_sink import ParquetSink
+from sparkpoint.job import run
+
+_pipeline.set_launcher(run)  # Pipeline.run -> sparkpoint.job.run (the builder does not import the runtime)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Pipeline", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "KeyedAggregate", "TumblingWindow",
+    "run", "Pipeline", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "KeyedAggregate", "TumblingWindow",
     "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState", "MapState",
     "TimerValues", "ExpiredTimerInfo",
 ]

@@ -81,12 +81,21 @@ class Pipeline:
             raise ConfigError("the pipeline has no sink: call .sink(...)")
 
     def run(self, config: str | None = None, sets: list[str] | None = None, **overrides: Any):
-        """Run until the source is exhausted or the job is cancelled. Keyword overrides
-        use python names or Flink keys via a dict: run(overrides={"parallelism.default": 4})."""
-        from sparkpoint.config import Settings
-        from sparkpoint.runtime.jobmaster import JobMaster
+        """Run until the source is exhausted or the job is cancelled: `sparkpoint.run(self, ...)`.
+        Keyword overrides use python names or Flink keys via a dict:
+        run(overrides={"parallelism.default": 4})."""
+        if _launcher is None:
+            raise RuntimeError("no job launcher installed: import sparkpoint (its __init__ installs "
+                               "sparkpoint.job.run)")
+        return _launcher(self, config, sets, **overrides)
 
-        extra = overrides.pop("overrides", {})
-        settings = Settings.load(config, sets, overrides={**overrides, **extra},
-                                 base={"pipeline.name": self.name} if self.name else None)
-        return JobMaster(self, settings).run()
+
+# The builder knows nothing of the runtime (pyproject.toml's import contracts forbid
+# api -> runtime), so `Pipeline.run` goes through this hook: sparkpoint/__init__.py installs
+# `sparkpoint.job.run`, and Python runs that file before any sparkpoint.* module is imported.
+_launcher: Callable[..., Any] | None = None
+
+
+def set_launcher(launch: Callable[..., Any]) -> None:
+    global _launcher
+    _launcher = launch

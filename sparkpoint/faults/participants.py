@@ -55,7 +55,7 @@ class ParticipantFaults:
         rules = []
         for r in raw or []:
             if "participant" not in r:
-                continue  # a storage rule (sparkpoint.testing.faults)
+                continue  # a storage rule (sparkpoint.faults.storage)
             action = r.get("action")
             if action not in ACTIONS:
                 raise ConfigError(f"sparkpoint.faults: participant rule {r!r}: action must be one of {ACTIONS}")

@@ -163,7 +163,7 @@ def parse_fault_rules(config: str | Mapping[str, Any] | Iterable[Mapping[str, An
         if not isinstance(item, Mapping):
             raise ConfigError(f"a fault rule must be a mapping, got {item!r}")
         if "participant" in item:
-            continue  # a participant fault (testing/participant_faults.py) in the same list
+            continue  # a participant fault (faults/participants.py) in the same list
         rules.append(FaultRule.from_config(item))
     return rules
 

@@ -204,7 +204,7 @@ def open_job_storage(url: str, job_name: str, storage_options: dict[str, Any] | 
                           f"A-Z a-z 0-9 . _ -, starting with a letter or digit")
     fs = StorageFS.from_url(url, storage_options)
     if fault_rules:
-        from sparkpoint.testing.faults import FaultyStorageFS, parse_fault_rules
+        from sparkpoint.faults import FaultyStorageFS, parse_fault_rules
 
         rules = parse_fault_rules(fault_rules)
         if rules:

@@ -13,9 +13,9 @@ from typing import Any
 from sparkpoint import GeneratorSource, ParquetSink, Pipeline, Settings, TumblingWindow
 from sparkpoint.checkpoint.alarms import CheckpointFailureEvent
 from sparkpoint.checkpoint.reasons import CheckpointFailureReason
+from sparkpoint.faults import FaultyStorageFS
 from sparkpoint.runtime.jobmaster import JobMaster
 from sparkpoint.storage.layout import checkpoint_id_in_path
-from sparkpoint.testing.faults import FaultyStorageFS
 
 WINDOW_MS = 2_000
 
@@ -138,7 +138,7 @@ class StorageOp:
 class RecordingStorageFS(FaultyStorageFS):
     """Records when each write *finished* and when each delete *started*, so a test can
     prove no write into a checkpoint directory landed after that directory was deleted
-    (seed 000). Install with monkeypatch on `sparkpoint.testing.faults.FaultyStorageFS`;
+    (seed 000). Install with monkeypatch on `sparkpoint.faults.FaultyStorageFS`;
     the runtime builds it whenever `sparkpoint.faults` holds a storage rule."""
 
     log: list[StorageOp] = []

@@ -60,7 +60,7 @@ def test_seed000_a_decline_while_another_upload_writes_deletes_the_files_only_af
     Checkpoint 4's uploads take 4 s, so it cannot complete (and drop the local copy of
     chk-3 that write reads from) before the slow write is over."""
     RecordingStorageFS.log = []
-    monkeypatch.setattr("sparkpoint.testing.faults.FaultyStorageFS", RecordingStorageFS)
+    monkeypatch.setattr("sparkpoint.faults.FaultyStorageFS", RecordingStorageFS)
     job = _run(spark, tmp_path, "seed000", [
         {"participant": "state:*/0", "action": "slow_ack", "seconds": 1, "checkpoints": [3]},
         {"participant": "state:*/0", "action": "async_error", "checkpoints": [3]},

@@ -3,8 +3,8 @@ import threading
 import pytest
 
 from sparkpoint.errors import ConfigError
-from sparkpoint.runtime.status import JobStatus, JobStatusTracker
 from sparkpoint.faults import InjectedFault, ParticipantFaults
+from sparkpoint.runtime.status import JobStatus, JobStatusTracker
 
 
 def test_participant_fault_rules_from_config():

@@ -7,11 +7,11 @@ import pytest
 from storage_support import complete_checkpoint
 
 from sparkpoint.errors import ConfigError, CorruptCheckpointError, StorageError
+from sparkpoint.faults import FaultAction, FaultKind, FaultOp, FaultyStorageFS, parse_fault_rules
 from sparkpoint.storage import metadata
 from sparkpoint.storage.checkpoint_storage import FsCheckpointStorage
 from sparkpoint.storage.inspect import verify_checkpoints
 from sparkpoint.storage.layout import checkpoint_id_in_path
-from sparkpoint.testing.faults import FaultAction, FaultKind, FaultOp, FaultyStorageFS, parse_fault_rules
 
 
 def faulty_storage(storage: FsCheckpointStorage, rules, **kw) -> FsCheckpointStorage:

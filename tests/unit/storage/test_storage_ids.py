@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sparkpoint.errors import StorageError
+from sparkpoint.faults import FaultyStorageFS
 from sparkpoint.storage.checkpoint_storage import FsCheckpointStorage
 from sparkpoint.storage.ids import DurableCheckpointIDCounter
-from sparkpoint.testing.faults import FaultyStorageFS
 
 
 def restarted(storage: FsCheckpointStorage) -> DurableCheckpointIDCounter:

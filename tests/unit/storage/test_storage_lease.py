@@ -10,11 +10,11 @@ import pytest
 from storage_support import ManualClock, complete_checkpoint, local_job
 
 from sparkpoint.errors import LeaseHeldError, LeaseLostError, StorageError
+from sparkpoint.faults import FaultyStorageFS
 from sparkpoint.storage.checkpoint_storage import FsCheckpointStorage
 from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.layout import JobLayout
 from sparkpoint.storage.lease import JobLease, LeaseKeeper, lease_tokens, read_current_lease
-from sparkpoint.testing.faults import FaultyStorageFS
 
 
 def lease(job: tuple[StorageFS, JobLayout], clock: ManualClock, run: str, **kw) -> JobLease:
