@@ -97,7 +97,7 @@ class Settings(_Model):
     progress_interval_ms: int = Field(1_000, alias="sparkpoint.progress.interval")
     metrics_port: int | None = Field(None, alias="metrics.prometheus.port")
     alarm_webhook: str | None = Field(None, alias="alarms.webhook-url")
-    # Failure rehearsal: rules for sparkpoint.testing.faults (see docs/faults.md).
+    # Failure rehearsal: rules for sparkpoint.faults (see docs/faults.md).
     faults: list[dict[str, Any]] = Field(default_factory=list, alias="sparkpoint.faults")
 
     @field_validator(
