@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import threading
 import time
@@ -42,7 +43,7 @@ from sparkpoint.config import Settings
 from sparkpoint.connectors.base import Positions, SourceContext
 from sparkpoint.errors import ConfigError, JobFailedError, LeaseLostError, NoValidCheckpointError
 from sparkpoint.faults import ParticipantFaults
-from sparkpoint.ops.progress import ProgressReporter
+from sparkpoint.runtime.progress import ProgressReporter
 from sparkpoint.runtime.failures import JOB, FailoverRequired
 from sparkpoint.runtime.failures import summarize as _summary
 from sparkpoint.runtime.gateway import RuntimeGateway
@@ -90,6 +91,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         self.run_id = uuid.uuid4().hex[:12]
         self._spark = spark
         self._stop = threading.Event()
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()  # to the control thread; None stops it
         self._failover_reason: str | None = None
         self._fatal: BaseException | None = None
         self.faults = ParticipantFaults.from_rules(settings.faults)
@@ -191,9 +193,13 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         return self.coordinator.trigger_checkpoint(forced=True)
 
     def run(self) -> JobResult:
-        self._setup()
-        prev_handlers = self._install_signal_handlers()
+        prev_handlers: dict = {}
         try:
+            # Inside the try: a set-up that fails half-way (e.g. a sink's missing topic)
+            # must still stop the lease keeper and release the lease, or every later run
+            # is refused for as long as this process lives.
+            self._setup()
+            prev_handlers = self._install_signal_handlers()
             return self._run_with_restarts()
         finally:
             self._teardown()
@@ -207,9 +213,21 @@ class JobMaster(RestoreSteps, SnapshotSteps):
                 handlers[sig] = signal.getsignal(sig)
                 signal.signal(sig, lambda *_: self.cancel())
             # `kill -USR1 <pid>`: take a manual (forced) checkpoint now.
+            # A signal handler runs on the main thread between any two bytecodes, possibly
+            # while it holds the coordinator's or the gateway's lock: it only hands the
+            # request to the control thread (SimpleQueue.put is safe there).
             handlers[signal.SIGUSR1] = signal.getsignal(signal.SIGUSR1)
-            signal.signal(signal.SIGUSR1, lambda *_: self.trigger_checkpoint())
+            signal.signal(signal.SIGUSR1, lambda *_: self._requests.put("checkpoint"))
+            threading.Thread(target=self._serve_requests, name="sparkpoint-control", daemon=True).start()
         return handlers
+
+    def _serve_requests(self) -> None:
+        while (request := self._requests.get()) is not None:
+            if request == "checkpoint":
+                try:
+                    self.trigger_checkpoint()
+                except Exception:
+                    log.exception("manual checkpoint request failed")
 
     def _run_with_restarts(self) -> JobResult:
         strategy = restart_strategy_from(self.settings)
@@ -255,19 +273,22 @@ class JobMaster(RestoreSteps, SnapshotSteps):
             self.status.transition(JobStatus.FAILED, e)
 
     def _teardown(self) -> None:
+        """Stops whatever `_setup` got to start (it may have failed half-way)."""
+        self._requests.put(None)
         try:
-            self.progress.close()
-            self.coordinator.shutdown()
-            self.gateway.shutdown()
-            self.scheduler.shutdown()
+            for part in ("progress", "coordinator", "gateway", "scheduler"):
+                obj = getattr(self, part, None)
+                if obj is not None:
+                    obj.close() if part == "progress" else obj.shutdown()
         finally:
-            self._lease_keeper.stop()
-            self.storage.close(release_lease=self._fatal is None)
-            try:
-                self.source.close()
-                self.sink.close()
-            except Exception:
-                log.exception("closing connectors failed")
+            if getattr(self, "_lease_keeper", None) is not None:
+                self._lease_keeper.stop()
+                self.storage.close(release_lease=self._fatal is None)
+            for connector in (self.source, self.sink):
+                try:
+                    connector.close()
+                except Exception:
+                    log.exception("closing %s failed", connector.name)
 
     def _result(self) -> JobResult:
         stats = self.coordinator.stats.snapshot()

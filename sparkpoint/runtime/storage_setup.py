@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from sparkpoint import faults
 from sparkpoint.errors import LeaseLostError
 from sparkpoint.storage.checkpoint_storage import JobStorage
 from sparkpoint.storage.checkpoint_storage import open_job_storage as _open
@@ -21,7 +22,9 @@ def open_job_storage(url: str, job_name: str, storage_options: dict[str, Any] | 
                      gc_grace_period_s: float = 3600) -> tuple[JobStorage, LeaseKeeper]:
     """The job's storage with its lease held, and the keeper that heartbeats it (stop
     the keeper before `storage.close()`)."""
-    parts = _open(url, job_name, storage_options, run_id, lease_ttl_s=lease_ttl_ms / 1000, fault_rules=fault_rules)
+    rules = faults.parse_fault_rules(fault_rules) if fault_rules else []
+    parts = _open(url, job_name, storage_options, run_id, lease_ttl_s=lease_ttl_ms / 1000,
+                  wrap_fs=(lambda fs: faults.FaultyStorageFS(fs, rules)) if rules else None)
     parts.lease.acquire()  # LeaseHeldError: a second deployment of this job is refused here
     keeper = LeaseKeeper(parts.lease, on_lease_lost)
     keeper.start()

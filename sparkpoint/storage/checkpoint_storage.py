@@ -191,24 +191,19 @@ class JobStorage(NamedTuple):
 def open_job_storage(url: str, job_name: str, storage_options: dict[str, Any] | None = None,
                      run_id: str | None = None, *, host: str | None = None, pid: int | None = None,
                      lease_ttl_s: float = 30.0, clock: Callable[[], float] = time.time,
-                     fault_rules: Any = None) -> JobStorage:
+                     wrap_fs: Callable[[StorageFS], StorageFS] | None = None) -> JobStorage:
     """Build the storage collaborators of one job under checkpoint root `url`.
 
     Nothing is acquired or written: the runtime then calls, in order,
     `lease.acquire()` (+ a LeaseKeeper), `gc.collect_garbage(...)`, `ids.start()`,
-    `checkpoints.load_completed()`. `fault_rules` (the `sparkpoint.faults` config) wraps
-    storage in a FaultyStorageFS when it holds storage rules. Raises ConfigError for an
-    invalid job name or fault rule."""
+    `checkpoints.load_completed()`. `wrap_fs` wraps the filesystem (the runtime's fault
+    rehearsal, sparkpoint.faults). Raises ConfigError for an invalid job name."""
     if not valid_job_name(job_name):
         raise ConfigError(f"job name {job_name!r} is invalid: use 1-128 characters from "
                           f"A-Z a-z 0-9 . _ -, starting with a letter or digit")
     fs = StorageFS.from_url(url, storage_options)
-    if fault_rules:
-        from sparkpoint.faults import FaultyStorageFS, parse_fault_rules
-
-        rules = parse_fault_rules(fault_rules)
-        if rules:
-            fs = FaultyStorageFS(fs, rules)
+    if wrap_fs is not None:
+        fs = wrap_fs(fs)
     layout = JobLayout(f"{fs.root}/{job_name}")
     lease = JobLease(fs, layout, run_id or _new_run_id(), host=host, pid=pid,
                      ttl_s=lease_ttl_s, clock=clock)

@@ -106,7 +106,8 @@ def test_participant_rules_in_the_shared_config_list_are_left_alone(storage, tmp
     config = [{"participant": "state:*", "action": "async_error"},
               {"op": "create_exclusive", "path": "*/_metadata", "action": "fail"}]
     assert [r.op for r in parse_fault_rules(config)] == [FaultOp.CREATE_EXCLUSIVE]
-    js = open_job_storage(str(tmp_path), "rehearsal", fault_rules=config)
+    js = open_job_storage(str(tmp_path), "rehearsal",
+                          wrap_fs=lambda fs: FaultyStorageFS(fs, parse_fault_rules(config)))
     js.lease.acquire()
     with pytest.raises(StorageError, match="injected fault"):
         complete_checkpoint(js.checkpoints, 1, {"shared/a": b"a"})
