@@ -57,6 +57,13 @@ class ProgressReporter:
                 f"completed {stats.get('completed', 0)} failed {stats.get('counted_failed', 0)} | "
                 f"wm {wm if wm is not None else '-'} | lag {lag:,}")
 
+    def announce(self, text: str) -> None:
+        """A line the user must see whatever the log level (e.g. where the run resumed)."""
+        if self.tty:
+            self.stream.write("\r\x1b[2K")
+        self.stream.write(f"[{self.job.job_name}] {text}\n")
+        self.stream.flush()
+
     def maybe_report(self, force: bool = False) -> None:
         if not self.enabled:
             return

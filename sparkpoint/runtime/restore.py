@@ -12,6 +12,7 @@ counted as a failure (seed 002)."""
 from __future__ import annotations
 
 import logging
+import time
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
 from sparkpoint.errors import ConfigError, CorruptCheckpointError, NoValidCheckpointError
@@ -70,9 +71,10 @@ class RestoreSteps:
         self._restoring = False
         self.positions = self.source.initial_positions()
         self.sink.recover(None)
-        log.info("job %s starts from scratch (%s)", self.job_name,
-                 "no completed checkpoint" if not self._bad_checkpoints else
-                 f"restore.mode=empty and none of the completed checkpoints restores: {sorted(self._bad_checkpoints)}")
+        why = ("no completed checkpoint in " + self.storage.layout.root if not self._bad_checkpoints else
+               f"restore.mode=empty and none of the completed checkpoints restores: {sorted(self._bad_checkpoints)}")
+        log.info("job %s starts from scratch (%s)", self.job_name, why)
+        self.progress.announce(f"starting fresh: {why}")
 
     def _restore_from(self, data: CompletedCheckpointData) -> None:
         handles = data.handles
@@ -93,6 +95,9 @@ class RestoreSteps:
         self.positions = dict(handles[self.source_participant]["positions"])
         self.sink.recover(handles.get(self.sink_participant))
         log.info("job %s restores checkpoint %d (epoch %d)", self.job_name, data.checkpoint_id, self.epoch)
+        taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data.completion_timestamp_ms / 1000))
+        self.progress.announce(f"resuming from checkpoint {data.checkpoint_id} (epoch {self.epoch}, taken {taken}) "
+                               f"in {self.storage.layout.checkpoint(data.checkpoint_id)}")
 
     def _restored_state_ready(self) -> None:
         """The first epoch after a restore is done: every subtask holds its state."""
