@@ -34,6 +34,11 @@ class LeaseLostError(StorageError):
     """This run was fenced out by a newer run of the same job; it must stop."""
 
 
+class LeaseLapsedError(StorageError):
+    """This run could not renew its lease for most of its ttl: commits pause until a
+    heartbeat reaches storage again (not fatal; a proven takeover is LeaseLostError)."""
+
+
 class CorruptCheckpointError(SparkpointError):
     """A checkpoint's metadata or files fail verification."""
 

@@ -80,6 +80,12 @@ def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...]) -> N
     click.echo(f"  checkpoints         : {result.checkpoint_dir}   (last completed: "
                f"{result.last_checkpoint_id})")
     click.echo(f"  inspect             : sparkpoint checkpoints list {settings.checkpoint_dir}")
+    state = result.extra.get("state")
+    if state:
+        click.echo(f"  state               : {state['tasks']} subtask-epochs, {state['moves']} moves between executors, "
+                   f"{state['rebuilds']} rebuilds (p50 {state['rebuild_ms_p50']} ms, max {state['rebuild_ms_max']} ms), "
+                   f"{state['catch_ups']} catch-ups, {state['snapshots']} snapshots uploaded")
+        click.echo(f"  state (json)        : {json.dumps(state, sort_keys=True)}")
     sys.exit(0 if result.status in (JobStatus.FINISHED, JobStatus.CANCELED) else 1)
 
 

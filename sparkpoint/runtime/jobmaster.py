@@ -86,7 +86,10 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         self.sink = pipeline.sink_
         self.operator = pipeline.stateful_
         self.P = settings.parallelism
-        self.local_root = os.path.abspath(os.path.join(settings.local_state_dir, self.job_name))
+        # On executors' own disks. A relative path means "relative to each executor's
+        # working directory" on a cluster, and to the driver's on local[*] (same disk).
+        local = os.path.join(settings.local_state_dir, self.job_name)
+        self.local_root = os.path.abspath(local) if settings.spark_master.startswith("local") else local
         self.status = JobStatusTracker()
         self.run_id = uuid.uuid4().hex[:12]
         self._spark = spark
@@ -297,7 +300,8 @@ class JobMaster(RestoreSteps, SnapshotSteps):
                          latest.checkpoint_id if latest else None, self.restarts,
                          getattr(self.sink, "path", None), self.storage.layout.root,
                          failed_checkpoints=int(stats.get("counted_failed", 0)),
-                         completed_checkpoints=int(stats.get("completed", 0)), extra={"stats": stats})
+                         completed_checkpoints=int(stats.get("completed", 0)),
+                         extra={"stats": stats, "state": self.lineages.stats.to_json() if self.lineages else None})
 
     # ------------------------------------------------------------------ epoch loop
     def _watermark(self) -> int | None:

@@ -17,14 +17,21 @@ heartbeat Verify no higher token exists (else LeaseLostError: we were fenced out
           rewrite *our own* token file with a fresh heartbeat. Nobody else writes it,
           so renewals never race with takeovers.
 check     Before every `_metadata` commit. Fails with LeaseLostError if a higher token
-          exists, or if our last successful heartbeat is older than 3/4 of the ttl: a
-          holder that cannot renew stops committing *before* anyone may take over
-          (contenders wait the full ttl), so two runs never commit side by side even when
-          the newer one's token file is not yet visible to the older one.
+          exists (a proven takeover: this run must stop), or with LeaseLapsedError if our
+          last successful heartbeat is older than 3/4 of the ttl: a holder that cannot
+          renew pauses committing *before* anyone may take over (contenders wait the full
+          ttl), so two runs never commit side by side even when the newer one's token
+          file is not yet visible to the older one. A lapse is not fatal: processing goes
+          on, and the first heartbeat that reaches storage again *re-acquires* with an
+          exclusive create of token+1. If a contender took over meanwhile, it owns that
+          token (or a higher one) and we are fenced; otherwise the contender's create of
+          the same token fails and we hold the lease again. Either way exactly one run
+          may commit.
 release   On clean shutdown: mark our record released, so the next run starts at once.
 
-Clocks: expiry compares the holder's recorded heartbeat (its wall clock) with the
-contender's wall clock, so the ttl must exceed any clock skew between hosts (30 s
+Clocks: this run's own trust window is measured on the monotonic clock (an NTP step
+cannot stretch it); expiry compares the holder's recorded heartbeat (its wall clock) with
+the contender's wall clock, so the ttl must exceed any clock skew between hosts (30 s
 default; keep hosts on NTP). On NFS, mount with `lookupcache=positive` (or `actimeo=0`)
 so a new token file is seen promptly.
 """
@@ -41,7 +48,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
-from sparkpoint.errors import LeaseHeldError, LeaseLostError, StorageError
+from sparkpoint.errors import LeaseHeldError, LeaseLapsedError, LeaseLostError, StorageError
 from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.layout import JobLayout, parse_lease_token_name
 
@@ -65,6 +72,9 @@ class LeaseRecord:
     heartbeat_ms: int
     ttl_ms: int
     released: bool = False
+    # The holder's PID namespace: a pid means nothing across containers that share a
+    # hostname, so "holder's process is gone" is judged only inside the same namespace.
+    pidns: str | None = None
 
     @property
     def expires_at_ms(self) -> int:
@@ -84,7 +94,7 @@ class LeaseRecord:
         return cls(job_name=str(doc["job_name"]), run_id=str(doc["run_id"]), host=str(doc["host"]),
                    pid=int(doc["pid"]), token=int(doc["token"]), acquired_ms=int(doc["acquired_ms"]),
                    heartbeat_ms=int(doc["heartbeat_ms"]), ttl_ms=int(doc["ttl_ms"]),
-                   released=bool(doc.get("released", False)))
+                   released=bool(doc.get("released", False)), pidns=doc.get("pidns"))
 
     def to_dict(self) -> dict:
         return {**asdict(self), "expires_at_ms": self.expires_at_ms}
@@ -134,7 +144,8 @@ class JobLease:
     """This run's claim on a job's checkpoint namespace. Thread-safe."""
 
     def __init__(self, fs: StorageFS, layout: JobLayout, run_id: str, host: str | None = None,
-                 pid: int | None = None, ttl_s: float = 30.0, clock: Callable[[], float] = time.time):
+                 pid: int | None = None, ttl_s: float = 30.0, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] | None = None, pidns: str | None = None):
         if ttl_s <= 0:
             raise ValueError(f"lease ttl must be positive, got {ttl_s}")
         self._fs = fs
@@ -144,9 +155,12 @@ class JobLease:
         self.pid = pid if pid is not None else os.getpid()
         self.ttl_ms = int(ttl_s * 1000)
         self._clock = clock
+        # Tests drive both clocks with one fake; real runs use time.monotonic.
+        self._mono = monotonic if monotonic is not None else (time.monotonic if clock is time.time else clock)
+        self.pidns = pidns if pidns is not None else _own_pidns()
         self._lock = threading.RLock()
         self._record: LeaseRecord | None = None
-        self._trusted_until_ms = 0
+        self._trusted_until = 0.0
         self._lost: LeaseLostError | None = None
 
     # -- state ---------------------------------------------------------------------
@@ -187,14 +201,14 @@ class JobLease:
             token = (tokens[-1] if tokens else 0) + 1
             record = LeaseRecord(job_name=self._layout.job_name, run_id=self.run_id, host=self.host,
                                  pid=self.pid, token=token, acquired_ms=now, heartbeat_ms=now,
-                                 ttl_ms=self.ttl_ms)
+                                 ttl_ms=self.ttl_ms, pidns=self.pidns)
             try:
                 self._fs.create_exclusive(self._layout.lease_token(token), record.encode())
             except FileExistsError:
                 winner = read_lease_record(self._fs, self._layout, token)
                 raise LeaseHeldError(describe_holder(winner, self._now_ms())) from None
             self._record, self._lost = record, None
-            self._trusted_until_ms = now + int(self.ttl_ms * _SELF_TRUST_FRACTION)
+            self._trust_from_now()
             if current is not None:
                 log.warning("took over job %r from run %s (host %s, pid %s): its lease %s; "
                             "fencing token is now %d", record.job_name, current.run_id, current.host,
@@ -209,6 +223,8 @@ class JobLease:
         Holders on other hosts are judged by their heartbeat alone."""
         if current.host != self.host or current.pid in (None, self.pid) or current.released:
             return False
+        if current.pidns is None or current.pidns != self.pidns:
+            return False  # another container with our hostname: its pids are not ours to probe
         dead = not _pid_running(int(current.pid))
         if dead:
             log.warning("lease of job %r is held by run %s, pid %s on this host, which is no longer running; "
@@ -222,25 +238,50 @@ class JobLease:
         with self._lock:
             record = self._require_held()
             self._raise_if_fenced(record)
+            if self._lapsed():
+                self._reacquire(record)
+                return
             now = self._now_ms()
             renewed = replace(record, heartbeat_ms=now)
             self._fs.write_atomic(self._layout.lease_token(record.token), renewed.encode())
             self._record = renewed
-            self._trusted_until_ms = now + int(self.ttl_ms * _SELF_TRUST_FRACTION)
+            self._trust_from_now()
+
+    def _trust_from_now(self) -> None:
+        self._trusted_until = self._mono() + self.ttl_s * _SELF_TRUST_FRACTION
+
+    def _lapsed(self) -> bool:
+        return self._mono() >= self._trusted_until
+
+    def _reacquire(self, record: LeaseRecord) -> None:
+        """After a lapse a contender may have taken over: claim a fresh token exclusively.
+        Whoever creates token+1 first holds the job; the other is fenced."""
+        token = record.token + 1
+        now = self._now_ms()
+        fresh = replace(record, token=token, heartbeat_ms=now)
+        try:
+            self._fs.create_exclusive(self._layout.lease_token(token), fresh.encode())
+        except FileExistsError:
+            self._raise_if_fenced(record)  # names the run that took over
+            raise
+        self._record = fresh
+        self._trust_from_now()
+        log.warning("run %s holds the lease of job %r again (token %d) now that checkpoint storage is "
+                    "reachable; checkpoints commit again", self.run_id, record.job_name, token)
+        self._prune_history(lease_tokens(self._fs, self._layout)[:-1])
 
     def check(self) -> None:
         """Call before committing anything visible (`_metadata`). Raises LeaseLostError
         if this run may no longer act for the job."""
         with self._lock:
             record = self._require_held()
-            now = self._now_ms()
-            if now >= self._trusted_until_ms:
-                self._lost = LeaseLostError(
+            if self._lapsed():
+                now = self._now_ms()
+                raise LeaseLapsedError(
                     f"run {self.run_id} could not renew its lease on job {record.job_name!r} for "
-                    f"{(now - record.heartbeat_ms) / 1000:.1f} s (ttl {self.ttl_s:g} s); another run "
-                    f"may take over, so this run stops committing checkpoints; restart it once "
-                    f"checkpoint storage is reachable")
-                raise self._lost
+                    f"{(now - record.heartbeat_ms) / 1000:.1f} s (ttl {self.ttl_s:g} s): another run may take "
+                    f"over, so this run pauses committing checkpoints. It keeps processing and commits again "
+                    f"as soon as checkpoint storage is reachable and no other run has taken the job")
             self._raise_if_fenced(record)
 
     def release(self) -> None:
@@ -291,6 +332,13 @@ class JobLease:
                 log.info("could not prune old lease record %d: %s", token, e)
 
 
+def _own_pidns() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def _pid_running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -316,6 +364,7 @@ class LeaseKeeper:
         self.interval_s = interval_s if interval_s is not None else lease.ttl_s / 4
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lapse_logged = False
 
     def start(self) -> None:
         if self._thread is None:
@@ -339,13 +388,21 @@ class LeaseKeeper:
             return False
         except StorageError as e:
             log.warning("lease heartbeat failed (%s); retrying in %.1f s", e, self.interval_s)
+        except FileExistsError:
+            pass  # re-acquire raced a takeover; check() below names it
         try:
             self._lease.check()
         except LeaseLostError as e:
             self._on_lost(e)
             return False
+        except LeaseLapsedError as e:
+            if not self._lapse_logged:
+                log.warning("%s", e)
+                self._lapse_logged = True
+            return True
         except StorageError:
             pass  # still within the trusted window; the next renewal may succeed
+        self._lapse_logged = False
         return True
 
     def _run(self) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from storage_support import ManualClock, complete_checkpoint, local_job
 
-from sparkpoint.errors import LeaseHeldError, LeaseLostError, StorageError
+from sparkpoint.errors import LeaseHeldError, LeaseLapsedError, LeaseLostError, StorageError
 from sparkpoint.faults import FaultyStorageFS
 from sparkpoint.storage.checkpoint_storage import FsCheckpointStorage
 from sparkpoint.storage.fs import StorageFS
@@ -92,10 +92,75 @@ def test_holder_that_cannot_renew_stops_committing_before_anyone_may_take_over(j
         holder.heartbeat()
     holder.check()  # 20 s < 3/4 of ttl: still trusted
     clock.advance(3)
-    with pytest.raises(LeaseLostError, match="could not renew"):
+    with pytest.raises(LeaseLapsedError, match="pauses committing"):
         holder.check()
     with pytest.raises(LeaseHeldError):  # a contender still waits for the full ttl
         lease(job, clock, "b").acquire()
+
+
+def test_a_storage_outage_longer_than_the_ttl_only_pauses_commits_and_the_run_takes_its_lease_back(
+        job, clock) -> None:
+    """Issue 9.1: an outage of 2x the ttl with nobody taking over must not end the run."""
+    fs, layout = job
+    faulty = FaultyStorageFS(fs)
+    holder = JobLease(faulty, layout, run_id="a", ttl_s=30, clock=clock)
+    keeper = LeaseKeeper(holder, on_lost=lambda e: lost.append(e))
+    lost: list = []
+    holder.acquire()
+    faulty.add_rule({"op": "write", "path": "*/_lease/*", "action": "fail", "name": "outage"})
+    faulty.add_rule({"op": "create_exclusive", "path": "*/_lease/*", "action": "fail", "name": "outage2"})
+    for _ in range(8):  # 60 s of failed renewals
+        clock.advance(7.5)
+        assert keeper.renew_once()
+    with pytest.raises(LeaseLapsedError):
+        holder.check()
+    faulty.remove_rule("outage")
+    faulty.remove_rule("outage2")
+    assert keeper.renew_once() and not lost
+    holder.check()  # commits again
+    assert read_current_lease(fs, layout).run_id == "a" and holder.token == 2
+
+
+def test_after_an_outage_a_proven_takeover_fences_the_old_run(job, clock) -> None:
+    fs, layout = job
+    faulty = FaultyStorageFS(fs)
+    holder = JobLease(faulty, layout, run_id="a", ttl_s=30, clock=clock)
+    lost: list = []
+    keeper = LeaseKeeper(holder, on_lost=lost.append)
+    holder.acquire()
+    faulty.add_rule({"op": "any", "path": "*/_lease*", "action": "fail", "name": "outage"})
+    clock.advance(31)
+    assert keeper.renew_once()
+    lease(job, clock, "b").acquire()  # the ttl ran out: b takes over with token 2
+    faulty.remove_rule("outage")
+    assert not keeper.renew_once()
+    assert lost and "fenced out" in str(lost[0])
+    with pytest.raises(LeaseLostError):
+        holder.check()
+    assert read_current_lease(fs, layout).run_id == "b"
+
+
+def test_a_holder_in_another_pid_namespace_with_our_hostname_is_not_declared_dead(job, clock) -> None:
+    fs, layout = job
+
+    def run(name: str, pid: int, pidns: str) -> JobLease:
+        return JobLease(fs, layout, run_id=name, host="same-host", pid=pid, ttl_s=30, clock=clock, pidns=pidns)
+
+    run("other", 999_999, "pid:[1]").acquire()  # no such pid in this test's namespace
+    with pytest.raises(LeaseHeldError):
+        run("me", 100, "pid:[2]").acquire()
+    # ...while in the same namespace a dead pid is taken over at once.
+    assert run("me2", 100, "pid:[1]").acquire().token == 2
+
+
+def test_the_trust_window_runs_on_the_monotonic_clock(job, clock) -> None:
+    mono = ManualClock(0)
+    holder = JobLease(job[0], job[1], run_id="a", ttl_s=30, clock=clock, monotonic=mono)
+    holder.acquire()
+    clock.advance(-3600)  # an NTP step backwards does not extend the trust window
+    mono.advance(23)
+    with pytest.raises(LeaseLapsedError):
+        holder.check()
 
 
 def test_old_token_records_are_pruned(job, clock) -> None:
