@@ -138,10 +138,28 @@ class StorageFS:
         self._io("mkdir", path, lambda: self.fs.makedirs(path, exist_ok=True))
 
     def put_file(self, local_path: str, path: str) -> None:
+        """Upload durably and atomically: a file present at `path` is complete (so a
+        content-addressed file found at the right size was written whole). Local/NFS:
+        temp file, fsync, rename, fsync of the directory; object stores: one PUT."""
         def run() -> None:
-            if self.is_local:  # object stores have no directories to create
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-            self.fs.put_file(local_path, path)
+            if not self.is_local:
+                self.fs.put_file(local_path, path)
+                return
+            parent = os.path.dirname(path)
+            os.makedirs(parent, exist_ok=True)
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            try:
+                with open(local_path, "rb") as src, open(tmp, "wb") as dst:
+                    while chunk := src.read(_HASH_CHUNK):
+                        dst.write(chunk)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+            _fsync_dir(parent)
         self._io("upload", path, run)
 
     def write_atomic(self, path: str, data: bytes) -> None:
