@@ -205,7 +205,7 @@ class ParquetSink(Sink):
         with self._lock:
             files = sorted(self._staged.values(), key=lambda f: (f["epoch"], f["part"], f["path"]))
             return {"v": HANDLE_VERSION, "checkpoint": int(checkpoint_id), "last_epoch": self._last_epoch,
-                    "files": [dict(f) for f in files]}
+                    "staged": [dict(f) for f in files]}
 
     # -- commit ------------------------------------------------------------------------
     def commit(self, handle: Mapping[str, Any]) -> None:
@@ -407,8 +407,8 @@ def _validate_file(f: Any, where: str) -> dict[str, Any]:
 
 def _validate_handle(handle: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int]:
     if not isinstance(handle, Mapping) or handle.get("v") != HANDLE_VERSION or \
-            not isinstance(handle.get("files"), list) or not isinstance(handle.get("last_epoch"), int):
+            not isinstance(handle.get("staged"), list) or not isinstance(handle.get("last_epoch"), int):
         raise CorruptCheckpointError(f"parquet sink handle is not one this version writes "
                                      f"(v={HANDLE_VERSION}, files, last_epoch): {handle!r:.300}")
     where = f"checkpoint {handle.get('checkpoint')} file"
-    return [_validate_file(f, where) for f in handle["files"]], int(handle["last_epoch"])
+    return [_validate_file(f, where) for f in handle["staged"]], int(handle["last_epoch"])

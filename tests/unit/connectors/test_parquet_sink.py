@@ -92,7 +92,7 @@ def test_staged_output_is_invisible_until_commit_and_commit_is_idempotent(out):
     run_epoch(sink, 1, (), (4,))
     sink.stage_epoch(2, [])  # an epoch without output
     handle = sink.pre_commit(1)
-    assert handle["last_epoch"] == 2 and [f["epoch"] for f in handle["files"]] == [0, 0, 1]
+    assert handle["last_epoch"] == 2 and [f["epoch"] for f in handle["staged"]] == [0, 0, 1]
     json.dumps(handle)
     assert sink.committed_epochs() == [] and committed(out) == []
     sink.commit(handle)
@@ -113,7 +113,7 @@ def test_epochs_of_a_failed_checkpoint_ride_with_the_next(out):
     sink.abort(failed)
     run_epoch(sink, 1, (2,))
     nxt = sink.pre_commit(2)
-    assert [f["epoch"] for f in nxt["files"]] == [0, 1]
+    assert [f["epoch"] for f in nxt["staged"]] == [0, 1]
     sink.commit(nxt)
     assert committed(out) == listed(out) == [1, 2]
 
@@ -137,7 +137,7 @@ def test_write_epoch_on_the_driver_still_works(out):
     sink.write_epoch(0, rows(7, 8))
     sink.write_epoch(1, rows())
     handle = sink.pre_commit(1)
-    assert handle["last_epoch"] == 1 and len(handle["files"]) == 1
+    assert handle["last_epoch"] == 1 and len(handle["staged"]) == 1
     sink.commit(handle)
     assert committed(out) == [7, 8]
 
@@ -155,7 +155,7 @@ def test_crash_before_the_barrier_leaves_nothing_visible(out):
     fresh.recover(cp1)
     assert committed(out) == listed(out) == [1]
     assert staged(out) == []
-    assert fresh.pre_commit(2)["files"] == [] and fresh.pre_commit(2)["last_epoch"] == 0
+    assert fresh.pre_commit(2)["staged"] == [] and fresh.pre_commit(2)["last_epoch"] == 0
 
 
 def test_crash_after_pre_commit_before_metadata_restores_the_previous_checkpoint(out):
@@ -302,7 +302,7 @@ def test_fresh_start_with_restore_mode_empty_withdraws_everything(out):
 ])
 def test_a_handle_with_a_path_outside_the_staging_area_is_refused(out, path):
     bad = {"v": 1, "checkpoint": 3, "last_epoch": 0,
-           "files": [{"epoch": 0, "part": 0, "path": path, "size": 1, "sha256": "0" * 64, "rows": 1}]}
+           "staged": [{"epoch": 0, "part": 0, "path": path, "size": 1, "sha256": "0" * 64, "rows": 1}]}
     with pytest.raises(CorruptCheckpointError, match="path"):
         new_sink(out).recover(bad)
     with pytest.raises(CorruptCheckpointError):
