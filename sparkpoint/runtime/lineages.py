@@ -126,6 +126,9 @@ class Lineages:
             s.rebuilds += 1
             s.rebuild_ms.append(int(state.get("rebuild_ms", 0)))
         s.replayed += int(state.get("replayed", 0))
+        if state.get("corrupt_local"):
+            log.error("ALARM state:%s/%d: the local recovery copy was corrupt (%s); those files were restored from "
+                      "checkpoint storage instead", self.operator, i, ", ".join(state["corrupt_local"]))
         s.bytes_downloaded += int(state.get("bytes_downloaded", 0))
         where = f"{info.get('host')}/{info.get('executor') or info.get('pid')}"
         if s.executors.get(i) not in (None, where):

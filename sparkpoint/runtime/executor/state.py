@@ -53,6 +53,7 @@ class StateReport:
     bytes_downloaded: int = 0
     durable_refs: list[str] = field(default_factory=list)  # pending change logs uploaded now
     pending_error: str | None = None
+    corrupt_local: list[str] = field(default_factory=list)  # local snapshot-copy files that failed verification
 
 
 class SubtaskState:
@@ -70,13 +71,15 @@ class SubtaskState:
         self.store: SubtaskStateStore | None = None
 
     # -- bring the store to the lineage ----------------------------------------------
-    def open(self, epoch: int) -> SubtaskStateStore:
+    def open(self, epoch: int, trust_local: bool = True) -> SubtaskStateStore:
         """A store holding exactly the state the task for `epoch` needs (the lineage's
         tip, `epoch - 1`), or, if this very epoch was committed here already on top of
-        that tip (Spark re-ran the task), the store at `epoch`."""
+        that tip (Spark re-ran the task), the store at `epoch`. `trust_local=False` (the
+        first epoch after a restore: the process or machine may have crashed, seed 003)
+        rebuilds from files checked against the checkpoint's sizes and SHA-256s."""
         self._upload_pending()
         lin = self.lineage
-        store = self._open_existing()
+        store = self._open_existing() if trust_local else None
         if store is not None:
             have, rec = store.epoch(), store.lineage()
             ref = rec.get("ref", "empty" if have == NO_EPOCH else None)
@@ -134,6 +137,7 @@ class SubtaskState:
             report = restore_snapshot(lin.base, self.fs, self.layout, self.db_dir,
                                       local_copy_dir=local_copy if os.path.isdir(local_copy) else None)
             self.report.bytes_downloaded += report.bytes_remote
+            self.report.corrupt_local = sorted(report.corrupt_local)
         store = self._open_store(create=True)
         self._replay(store, list(lin.changelog), base=True)
         return store

@@ -98,6 +98,8 @@ class EpochTask:
     output: OutputStep = OutputStep()
     # Fault rehearsal: subtasks whose synchronous snapshot part must fail (sparkpoint.faults).
     fail_sync_subtasks: tuple[int, ...] = ()
+    # False for the first epoch after a restore: local stores are rebuilt from verified files.
+    trust_local: bool = True
 
     def __call__(self, table: pa.Table) -> pa.Table:
         from sparkpoint.runtime.executor.state import SubtaskState
@@ -112,7 +114,7 @@ class EpochTask:
         state = SubtaskState(self.local_root, self.lineages[subtask], fs, layout)
         info: dict[str, Any] = where_am_i()
         try:
-            store = state.open(self.epoch)
+            store = state.open(self.epoch, self.trust_local)
             if state.report.how == "retry":
                 # Spark re-ran this task (retry or recomputation): same output, state untouched.
                 out, entry = state.retried_output()
