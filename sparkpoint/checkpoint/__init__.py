@@ -14,6 +14,7 @@ from sparkpoint.checkpoint.config import (
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.exceptions import (
     CheckpointFailedError,
+    CheckpointsStillFinalizingError,
     CoordinatorShutDownError,
     TolerableCheckpointFailuresExceeded,
 )
@@ -33,6 +34,7 @@ from sparkpoint.checkpoint.interfaces import (
     ParticipantId,
     Scheduler,
     StateHandle,
+    SupportsDiscardAborted,
     SupportsHighestCheckpointId,
 )
 from sparkpoint.checkpoint.pending import METRIC_BYTES, AckResult, PendingCheckpoint
@@ -57,6 +59,7 @@ __all__ = [
     "CheckpointProperties",
     "CheckpointStatsTracker",
     "CheckpointStorage",
+    "CheckpointsStillFinalizingError",
     "CompletedCheckpointData",
     "CompletedCheckpointStore",
     "CoordinatorShutDownError",
@@ -71,6 +74,7 @@ __all__ = [
     "ScheduledTask",
     "Scheduler",
     "StateHandle",
+    "SupportsDiscardAborted",
     "SupportsHighestCheckpointId",
     "ThreadScheduler",
     "TolerableCheckpointFailuresExceeded",

@@ -30,3 +30,17 @@ class TolerableCheckpointFailuresExceeded(SparkpointError):
 
 class CoordinatorShutDownError(SparkpointError):
     """The checkpoint coordinator was shut down; build a new one to checkpoint again."""
+
+
+class CheckpointsStillFinalizingError(SparkpointError):
+    """`suspend_and_settle` timed out while checkpoints were still writing `_metadata` or
+    notifying participants (checkpoint storage hangs). Do not restore in this process:
+    such a checkpoint may still complete and commit its sinks. Fail the job (a fresh
+    process restores from what storage then holds) or call `suspend_and_settle` again."""
+
+    def __init__(self, checkpoint_ids: tuple[int, ...], timeout_s: float):
+        self.checkpoint_ids = checkpoint_ids
+        shown = ", ".join(map(str, checkpoint_ids))
+        super().__init__(f"checkpoint(s) {shown} still finalizing after {timeout_s:g} s; "
+                         "checkpoint storage may hang. Do not restore in this process: fail "
+                         "the job, or wait again")

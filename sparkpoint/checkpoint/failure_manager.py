@@ -11,7 +11,7 @@ Rules (seeds 000, 001, 003):
 - a fatal reason (LEASE_LOST) calls `fail_job` at once, and only the first time.
 
 `fail_job(reason, error)` is never called while this object's lock is held, so it may
-call back into the coordinator.
+call back into the coordinator. If it raises, the error is logged, not propagated.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class CheckpointFailureManager:
         if error is not None:
             failure.__cause__ = error
         log.error("failing the job: %s", failure)
-        self._fail_job(reason, failure)
+        self._call_fail_job(reason, failure)
         return FailureVerdict(FailureOutcome.JOB_FAILED, count)
 
     def handle_success(self, checkpoint_id: int) -> None:
@@ -125,5 +125,15 @@ class CheckpointFailureManager:
             self._fatal_reported = True
         failure = error if error is not None else CheckpointFailedError(reason)
         log.error("checkpointing must stop: %s: %s. %s", reason.name, reason.message, reason.action)
-        self._fail_job(reason, failure)
+        self._call_fail_job(reason, failure)
         return FailureVerdict(FailureOutcome.JOB_FAILED, count)
+
+    def _call_fail_job(self, reason: CheckpointFailureReason, failure: BaseException) -> None:
+        """The callback's own error must not abort the caller half-way (issue 9 #20): the
+        coordinator still has to stop the checkpoint's writers and delete its files."""
+        try:
+            self._fail_job(reason, failure)
+        except Exception:
+            log.exception("the fail-job callback raised while failing the job for %s; the job "
+                          "may still be running although it should have failed: fix the "
+                          "callback (runtime) and stop the job by hand", reason.name)

@@ -102,7 +102,8 @@ class CheckpointStorage(Protocol):
 
     def discard_completed(self, checkpoint_id: int, still_referenced: Sequence[StateHandle]) -> None:
         """Delete a subsumed completed checkpoint's exclusive files and any shared files
-        no longer referenced by `still_referenced` (the retained checkpoints' handles)."""
+        no longer referenced by `still_referenced` (the retained checkpoints' handles, the
+        handles of checkpoints in flight, and the runtime's live references)."""
         ...
 
     def load_completed(self) -> list[CompletedCheckpointData]:
@@ -120,6 +121,35 @@ class SupportsHighestCheckpointId(Protocol):
 
     def highest_checkpoint_id(self) -> int | None:
         """None if there is no checkpoint directory. Raises StorageError on I/O failure."""
+        ...
+
+
+@runtime_checkable
+class SupportsDiscardAborted(Protocol):
+    """Optional extra of a `CheckpointStorage`: delete an aborted checkpoint together with
+    the shared files its snapshots uploaded, instead of leaving those to the start-up GC.
+
+    The coordinator calls it, instead of `discard_location`, for an aborted checkpoint that
+    received at least one state handle, and only once `gateway.abort(id)`'s future
+    completed successfully (no writer of that checkpoint can still write). Never after
+    this run lost its lease."""
+
+    def discard_aborted(self, checkpoint_id: int, handles: Sequence[StateHandle],
+                        still_referenced: Sequence[StateHandle]) -> None:
+        """Do what `discard_location(checkpoint_id)` does (delete `chk-<id>/`), and delete
+        every shared file that a handle in `handles` references and no handle in
+        `still_referenced` references.
+
+        - `handles`: what the aborted checkpoint's participants acknowledged (also acks
+          that arrived after the abort).
+        - `still_referenced`: handles of the retained completed checkpoints, of every other
+          checkpoint in flight (pending or finalizing), and the runtime's live references.
+          A file any of them names must survive.
+        - Never delete a file outside this job's checkpoint directory, nor anything under
+          another `chk-<other id>/`.
+        - Idempotent (a file already gone is fine); a failure may leave some files behind
+          (GC removes them later). Raises `StorageError` on I/O failure, `LeaseLostError`
+          if this run was fenced out (then delete nothing)."""
         ...
 
 

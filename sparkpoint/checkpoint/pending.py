@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from sparkpoint.checkpoint.interfaces import (
     Cancellable,
@@ -33,20 +33,25 @@ class AckResult(Enum):
 
 class PendingCheckpoint:
     def __init__(self, checkpoint_id: int, trigger_timestamp_ms: int, location: CheckpointLocation,
-                 participants: Iterable[ParticipantId], properties: CheckpointProperties):
+                 participants: Iterable[ParticipantId], properties: CheckpointProperties,
+                 completion_future: Future[CompletedCheckpointData] | None = None):
         self.checkpoint_id = checkpoint_id
         self.trigger_timestamp_ms = trigger_timestamp_ms
         self.location = location
         self.properties = properties
-        self._not_yet_acknowledged: set[ParticipantId] = set(participants)
+        self._participants = frozenset(participants)
+        self._not_yet_acknowledged: set[ParticipantId] = set(self._participants)
         self._handles: dict[ParticipantId, StateHandle] = {}
+        self._late_handles: dict[ParticipantId, StateHandle] = {}
         self._metrics: dict[ParticipantId, Mapping[str, Any]] = {}
         self._expiry: Cancellable | None = None
         self._disposed = False
+        self._delivering = False
+        self._after_delivery: list[Callable[[], None]] = []
         self.failure_reason: CheckpointFailureReason | None = None
         # Completed with the CompletedCheckpointData, or failed with CheckpointFailedError.
         # The coordinator resolves it outside its lock: callbacks run inline.
-        self.completion_future: Future[CompletedCheckpointData] = Future()
+        self.completion_future: Future[CompletedCheckpointData] = completion_future or Future()
 
     # -- acknowledgements -----------------------------------------------------------
     def acknowledge(self, participant: ParticipantId, handle: StateHandle,
@@ -74,6 +79,19 @@ class PendingCheckpoint:
     def acknowledged_handles(self) -> dict[ParticipantId, StateHandle]:
         return dict(self._handles)
 
+    def record_late_ack(self, participant: ParticipantId, handle: StateHandle) -> bool:
+        """An ack that arrived after the attempt was aborted: its snapshot's files exist and
+        are deleted with the attempt's other files. True if recorded."""
+        if not self._disposed or participant not in self._participants or participant in self._handles:
+            return False
+        self._late_handles.setdefault(participant, handle)
+        return True
+
+    def handles_to_discard(self) -> list[StateHandle]:
+        """Every handle whose files an abort of this attempt may delete: the acks it
+        received, and those that arrived after it was aborted."""
+        return list(self._handles.values()) + list(self._late_handles.values())
+
     def state_size_bytes(self) -> int:
         return sum(int(m.get(METRIC_BYTES, 0) or 0) for m in self._metrics.values())
 
@@ -98,6 +116,25 @@ class PendingCheckpoint:
         self.failure_reason = reason
         self._dispose()
         return True
+
+    # -- delivery of the barrier ----------------------------------------------------
+    def start_delivery(self) -> None:
+        """`gateway.trigger` is about to be called for this attempt."""
+        self._delivering = True
+
+    def after_delivery(self, fn: Callable[[], None]) -> bool:
+        """Run `fn` once `gateway.trigger` has returned: True if deferred, False if the
+        caller must run it now. Keeps `gateway.abort(id)` from overtaking `trigger(id)`."""
+        if not self._delivering:
+            return False
+        self._after_delivery.append(fn)
+        return True
+
+    def finish_delivery(self) -> list[Callable[[], None]]:
+        """`gateway.trigger` returned (or raised): hand back what was deferred, in order."""
+        self._delivering = False
+        deferred, self._after_delivery = self._after_delivery, []
+        return deferred
 
     def mark_finalizing(self) -> None:
         """All acks are in: no more messages or expiry apply to this attempt."""

@@ -47,7 +47,8 @@ class CheckpointFailureReason(Enum):
     COORDINATOR_SUSPENDING = (
         False, False, False,
         "the checkpoint scheduler was stopped because the job left RUNNING",
-        "nothing for the checkpoint; look at why the job left RUNNING (failover, cancel)",
+        "nothing for the checkpoint; look at why the job left RUNNING (failover, cancel); "
+        "checkpoints start again when it is RUNNING again",
     )
     PERIODIC_SCHEDULER_SHUTDOWN = (
         True, False, False,
@@ -86,12 +87,14 @@ class CheckpointFailureReason(Enum):
     IO_EXCEPTION = (
         True, True, False,
         "checkpoint storage failed while starting the checkpoint (id counter or directory)",
-        "check that checkpoint storage is reachable and writable; the job keeps running "
-        "until tolerable-failed-checkpoints consecutive failures",
+        "check that checkpoint storage is reachable and writable (an error that is not a "
+        "StorageError is logged with its traceback: a bug in the storage implementation); "
+        "the job keeps running until tolerable-failed-checkpoints consecutive failures",
     )
     TRIGGER_FAILED = (
         False, True, False,
-        "the runtime could not deliver the checkpoint barrier to the participants",
+        "the runtime could not start the checkpoint (deliver the barrier, or say which "
+        "participants run)",
         "look at the runtime error logged with it; if it repeats, no checkpoint can "
         "complete, which is why it counts",
     )
@@ -131,8 +134,9 @@ class CheckpointFailureReason(Enum):
     EXPIRED = (
         False, True, False,
         "the checkpoint did not complete within execution.checkpointing.timeout",
-        "find the participants that did not acknowledge (logged); if snapshots are "
-        "just slow, raise execution.checkpointing.timeout",
+        "find the participants that did not acknowledge (logged); if the log says the "
+        "trigger was still waiting for checkpoint storage, storage hangs: check it; if "
+        "snapshots are just slow, raise execution.checkpointing.timeout",
     )
     # -- completing -----------------------------------------------------------------
     FINALIZE_FAILED = (

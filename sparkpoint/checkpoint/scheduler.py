@@ -1,4 +1,5 @@
-"""Timers for the coordinator: a manual clock for tests, one thread for production.
+"""Timers for the coordinator: a manual clock for tests, a timer thread with workers
+for production.
 
 Both satisfy `sparkpoint.checkpoint.interfaces.Scheduler`.
 """
@@ -10,6 +11,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -128,24 +130,37 @@ class ManualScheduler:
 
 
 class ThreadScheduler:
-    """One daemon thread running timers from a heap.
+    """A timer thread that hands due timers to worker threads.
 
     Timers are kept on the monotonic clock, so wall-clock jumps neither fire nor
     stall them. `now_ms()` is epoch milliseconds that advance monotonically
     (wall clock at construction plus monotonic time since), so timestamps in
     checkpoint metadata are readable dates.
 
-    A timer that raises is logged and, if periodic, keeps running. A periodic timer
-    that falls behind (a run took longer than its period) skips the missed runs
-    instead of firing back to back: a checkpoint trigger has nothing to catch up on.
+    The timer thread never runs a timer itself: a timer stuck in a hung storage call or
+    a slow callback must not hold up the others (issue 9 #17: a checkpoint's expiry
+    waited for a stalled trigger). Workers are started on demand and stop after
+    `idle_s` without work. A periodic timer never runs twice at once: a run that falls
+    due while the previous one is still running is skipped, and a periodic timer that
+    falls behind skips the missed runs instead of firing back to back (a checkpoint
+    trigger has nothing to catch up on). A timer cancelled after it fell due but before
+    a worker picked it up does not run. A timer that raises is logged and, if periodic,
+    keeps running.
     """
 
-    def __init__(self, name: str = "sparkpoint-checkpoint-timer") -> None:
+    def __init__(self, name: str = "sparkpoint-checkpoint-timer", idle_s: float = 30.0) -> None:
+        self._name = name
+        self._idle_s = idle_s
         self._origin_wall_ms = int(time.time() * 1000)
         self._origin_mono_ns = time.monotonic_ns()
         self._timers = _TimerHeap()
         self._cond = threading.Condition()
         self._stopped = False
+        self._running: set[ScheduledTask] = set()  # periodic tasks with a run in progress
+        self._work: deque[ScheduledTask] = deque()
+        self._work_cond = threading.Condition()
+        self._idle_workers = 0
+        self._worker_seq = itertools.count(1)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -164,11 +179,15 @@ class ThreadScheduler:
         return self._add(ScheduledTask(fn, self.now_ms() + initial_delay_ms, period_ms))
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread; timers not yet run never run. Idempotent."""
+        """Stop the timer thread; timers not yet run never run. Timers already running
+        finish on their worker. Idempotent."""
         with self._cond:
             self._stopped = True
             self._timers.clear()
             self._cond.notify_all()
+        with self._work_cond:
+            self._work.clear()
+            self._work_cond.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
 
@@ -201,7 +220,45 @@ class ThreadScheduler:
                 if task.period_ms is not None:
                     task.due_ms = max(task.due_ms + task.period_ms, self.now_ms())
                     self._timers.push(task)
+                    if task in self._running:
+                        log.debug("periodic timer %r still running; this run is skipped", task.fn)
+                        continue
+                    self._running.add(task)
+            self._dispatch(task)
+
+    def _dispatch(self, task: ScheduledTask) -> None:
+        with self._work_cond:
+            if self._stopped:
+                return
+            self._work.append(task)
+            if len(self._work) > self._idle_workers:
+                threading.Thread(target=self._work_loop, daemon=True,
+                                 name=f"{self._name}-{next(self._worker_seq)}").start()
+            else:
+                self._work_cond.notify()
+
+    def _work_loop(self) -> None:
+        while True:
+            with self._work_cond:
+                while not self._work:
+                    if self._stopped:
+                        return
+                    self._idle_workers += 1
+                    try:
+                        self._work_cond.wait(self._idle_s)
+                    finally:
+                        self._idle_workers -= 1
+                    if not self._work and not self._stopped:
+                        # Idle for idle_s (or woken for work another worker took): leave;
+                        # `_dispatch` starts a new worker whenever none is idle.
+                        return
+                task = self._work.popleft()
             try:
-                task.fn()
+                if not task.cancelled:
+                    task.fn()
             except Exception:
                 log.exception("checkpoint timer %r failed; the scheduler keeps running", task.fn)
+            finally:
+                if task.period_ms is not None:
+                    with self._cond:
+                        self._running.discard(task)

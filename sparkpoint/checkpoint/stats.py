@@ -30,6 +30,14 @@ def _percentile(sorted_values: list[int], q: float) -> int | None:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
+# Started checkpoints that ended without completing, but not because anything is wrong:
+# the coordinator stopped (clean end of a bounded run, failover, cancel) or a newer
+# checkpoint completed first. Shown as "aborted", never as "failed" (issue 9 #3).
+_NOT_A_FAILURE = frozenset({CheckpointFailureReason.COORDINATOR_SHUTDOWN,
+                            CheckpointFailureReason.COORDINATOR_SUSPENDING,
+                            CheckpointFailureReason.SUBSUMED})
+
+
 def _is_counted(reason_name: str) -> bool:
     from sparkpoint.checkpoint.reasons import CheckpointFailureReason
 
@@ -47,6 +55,7 @@ class CheckpointStatsTracker:
         self._triggered = 0
         self._completed = 0
         self._failed = 0  # started (or counted) checkpoints that failed
+        self._aborted = 0  # started checkpoints ended by a stop or a newer completion
         self._declined = 0  # "not now" refusals before an id was assigned
         self._failed_by_reason: _Tally[str] = _Tally()
         self._in_progress: set[int] = set()
@@ -104,7 +113,9 @@ class CheckpointStatsTracker:
                       failed_at_ms: int) -> None:
         with self._lock:
             self._failed_by_reason[reason.name] += 1
-            if checkpoint_id is not None or reason.counted:
+            if checkpoint_id is not None and reason in _NOT_A_FAILURE:
+                self._aborted += 1
+            elif checkpoint_id is not None or reason.counted:
                 self._failed += 1
             else:
                 self._declined += 1
@@ -123,7 +134,9 @@ class CheckpointStatsTracker:
             return {
                 "triggered": self._triggered,
                 "completed": self._completed,
+                # Started checkpoints that failed; not those in "aborted".
                 "failed": self._failed,
+                "aborted": self._aborted,
                 "declined": self._declined,
                 "failures_by_reason": dict(self._failed_by_reason),
                 # What a person calls "failed": reasons that count toward the tolerance

@@ -22,6 +22,8 @@ class TriggerState:
     max_concurrent: int
     last_completion_ms: int | None
     min_pause_ms: int
+    # suspended for a failover (`suspend_and_settle`) until the scheduler starts again
+    suspended: bool = False
 
 
 @dataclass(frozen=True)
@@ -43,12 +45,16 @@ START = TriggerDecision()
 
 
 def decide_trigger(props: CheckpointProperties, state: TriggerState) -> TriggerDecision:
-    """The checks, in Flink's order: shut down; periodic scheduling off (periodic
-    requests only); a request already queued; too many concurrent; min pause not over.
-    Forced requests skip the last three. (Whether participants run is asked of the
-    gateway afterwards, outside the coordinator's lock.)"""
+    """The checks, in Flink's order: shut down (or suspended for a failover); periodic
+    scheduling off (periodic requests only); a request already queued; too many
+    concurrent; min pause not over (periodic requests only, as in Flink's
+    CheckpointRequestDecider). Forced requests skip the queue, concurrency and pause
+    checks. (Whether participants run is asked of the gateway afterwards, outside the
+    coordinator's lock.) `pending_count` includes triggers still waiting for storage."""
     if state.shutdown:
         return TriggerDecision(R.COORDINATOR_SHUTDOWN)
+    if state.suspended:
+        return TriggerDecision(R.COORDINATOR_SUSPENDING)
     if props.periodic and not state.periodic_scheduling:
         return TriggerDecision(R.PERIODIC_SCHEDULER_SHUTDOWN)
     if props.forced:
@@ -59,9 +65,8 @@ def decide_trigger(props: CheckpointProperties, state: TriggerState) -> TriggerD
         # Only the periodic timer's request is queued: a manual request is answered now,
         # and its caller decides whether to ask again.
         return TriggerDecision(R.TOO_MANY_CONCURRENT, queue_request=props.periodic)
-    if state.last_completion_ms is not None:
+    if props.periodic and state.last_completion_ms is not None:
         wait_ms = state.last_completion_ms + state.min_pause_ms - state.now_ms
         if wait_ms > 0:
-            return TriggerDecision(R.MINIMUM_TIME_BETWEEN_CHECKPOINTS,
-                                   retry_in_ms=wait_ms if props.periodic else None)
+            return TriggerDecision(R.MINIMUM_TIME_BETWEEN_CHECKPOINTS, retry_in_ms=wait_ms)
     return START

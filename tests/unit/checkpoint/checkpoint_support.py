@@ -69,7 +69,10 @@ def failure_reason(future: Future[Any]) -> CheckpointFailureReason:
 def make_harness(*, interval_ms: int = 1000, min_pause_ms: int = 0, timeout_ms: int = 10_000,
                  max_concurrent: int = 1, tolerable_failed: int = 3, num_retained: int = 2,
                  participants: list[str] | None = None, storage: InMemoryCheckpointStorage | None = None,
-                 ids: InMemoryIdCounter | None = None, seed: int = 7) -> Harness:
+                 ids: InMemoryIdCounter | None = None, seed: int = 7,
+                 fail_job: Any = None, **coordinator_kwargs: Any) -> Harness:
+    """`fail_job` replaces the recording callback; other keyword arguments go to the
+    coordinator (e.g. `live_references`)."""
     config = CheckpointCoordinatorConfig(interval_ms=interval_ms, min_pause_ms=min_pause_ms,
                                          timeout_ms=timeout_ms, max_concurrent=max_concurrent,
                                          tolerable_failed=tolerable_failed, num_retained=num_retained)
@@ -78,9 +81,11 @@ def make_harness(*, interval_ms: int = 1000, min_pause_ms: int = 0, timeout_ms: 
     storage = storage or InMemoryCheckpointStorage()
     gateway = RecordingGateway(participant_ids=list(participants if participants is not None else PARTICIPANTS))
     failed_jobs: list[tuple[CheckpointFailureReason, BaseException]] = []
+    if fail_job is None:
+        def fail_job(reason: CheckpointFailureReason, error: BaseException) -> None:
+            failed_jobs.append((reason, error))
     coordinator = CheckpointCoordinator("orders", config, scheduler, ids, storage, gateway,
-                                        rng=random.Random(seed),
-                                        fail_job=lambda reason, error: failed_jobs.append((reason, error)))
+                                        rng=random.Random(seed), fail_job=fail_job, **coordinator_kwargs)
     harness = Harness(scheduler, ids, storage, gateway, coordinator, failed_jobs)
     coordinator.alarms.register(harness.events.append)
     return harness

@@ -3,9 +3,11 @@ every produced failure is logged, counted in metrics, and (if not a "not now") a
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import pytest
+from checkpoint_fakes import WAIT_S, RaisingIdCounter, StallingStorage
 from checkpoint_support import Harness, make_harness
 
 from sparkpoint.checkpoint import CheckpointFailureReason as R
@@ -51,8 +53,9 @@ def _too_many() -> Harness:
 
 def _min_pause() -> Harness:
     h = make_harness(min_pause_ms=100)
+    h.coordinator.start_scheduler()
     h.complete(h.trigger())
-    h.trigger()
+    h.trigger(periodic=True)  # the min pause applies to periodic triggers only
     return h
 
 
@@ -82,6 +85,20 @@ def _trigger_failed() -> Harness:
     h = make_harness()
     h.gateway.fail_trigger = RuntimeError("no epoch loop")
     h.trigger()
+    return h
+
+
+def _expired_in_storage() -> Harness:
+    """A trigger stalled in storage past the timeout (issue 9 #17)."""
+    storage = StallingStorage()
+    h = make_harness(storage=storage, timeout_ms=100)
+    gate = storage.stall("initialize_location")
+    thread = threading.Thread(target=h.trigger, daemon=True)
+    thread.start()
+    assert gate.entered.wait(WAIT_S)
+    h.scheduler.advance(100)
+    gate.open()
+    thread.join(WAIT_S)
     return h
 
 
@@ -149,19 +166,70 @@ SCENARIOS: dict[R, Callable[[], Harness]] = {
 }
 
 
+def _io_exception_unexpected_error() -> Harness:
+    """Not a StorageError: still typed (issue 9 #16)."""
+    ids = RaisingIdCounter()
+    ids.error = RuntimeError("bug")
+    h = make_harness(ids=ids)
+    h.trigger()
+    return h
+
+
+def _trigger_failed_asking_the_gateway() -> Harness:
+    h = make_harness()
+
+    def broken() -> list[str]:
+        raise RuntimeError("gone")
+
+    h.gateway.participants = broken
+    h.trigger()
+    return h
+
+
+def _suspended_before_metadata() -> Harness:
+    """Issue 9 #4: fully acknowledged, but suspended before its _metadata."""
+    h = make_harness()
+    h.gateway.on_trigger = lambda call: h.coordinator.suspend_and_settle(1.0)
+    h.trigger()
+    h.ack_all(1)
+    return h
+
+
+def _refused_while_suspended() -> Harness:
+    h = make_harness()
+    h.coordinator.suspend_and_settle(1.0)
+    h.trigger(forced=True)
+    return h
+
+
+# More than one path produces these reasons; each path is checked the same way.
+EXTRA_PATHS: list[tuple[R, Callable[[], Harness]]] = [
+    (R.EXPIRED, _expired_in_storage),
+    (R.IO_EXCEPTION, _io_exception_unexpected_error),
+    (R.TRIGGER_FAILED, _trigger_failed_asking_the_gateway),
+    (R.COORDINATOR_SUSPENDING, _suspended_before_metadata),
+    (R.COORDINATOR_SUSPENDING, _refused_while_suspended),
+]
+PATHS = list(SCENARIOS.items()) + EXTRA_PATHS
+# Refused before an id was assigned, for a reason that is not pre-flight when it aborts a
+# running checkpoint: "not now", so no alarm (docs/failure-reasons.md: "if pending").
+REFUSED_WITHOUT_ID = {_refused_while_suspended}
+
+
 def test_every_reason_has_a_scenario():
     assert set(SCENARIOS) == set(R)
 
 
-@pytest.mark.parametrize("reason", list(R), ids=lambda r: r.name)
-def test_the_coordinator_produces_the_reason_and_reports_it(reason: R, caplog):
+@pytest.mark.parametrize("reason, scenario", PATHS, ids=[f"{r.name}-{f.__name__.strip('_')}" for r, f in PATHS])
+def test_the_coordinator_produces_the_reason_and_reports_it(reason: R, scenario, caplog):
     caplog.set_level("DEBUG", logger="sparkpoint.checkpoint")
-    h = SCENARIOS[reason]()
+    h = scenario()
     assert reason in h.reasons_seen()
     assert reason.name in caplog.text
     assert any(reason.action in r.getMessage() for r in caplog.records), "the log says what to do"
     alarmed = [e for e in h.events if e.reason is reason]
-    if reason.preflight and not reason.counted and reason is not R.ID_COLLISION:
+    if (reason.preflight and not reason.counted and reason is not R.ID_COLLISION) \
+            or scenario in REFUSED_WITHOUT_ID:
         assert alarmed == []  # "not now": logged and counted in metrics only
     else:
         assert alarmed, f"{reason.name} must raise an alarm event"

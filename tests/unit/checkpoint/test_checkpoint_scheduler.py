@@ -85,3 +85,52 @@ def test_thread_scheduler_now_is_epoch_milliseconds_that_never_go_back():
         assert scheduler.now_ms() >= first
     finally:
         scheduler.shutdown()
+
+
+def test_thread_scheduler_runs_other_timers_while_one_timer_is_stalled():
+    """Issue 9 #17: a timer stuck in a hung storage call must not hold up the others
+    (another checkpoint's expiry fired only after the stall ended)."""
+    scheduler = ThreadScheduler()
+    release = threading.Event()
+    stalled = threading.Event()
+    fired = threading.Event()
+    try:
+        scheduler.schedule(0, lambda: (stalled.set(), release.wait(10)))
+        assert stalled.wait(5)
+        scheduler.schedule(10, fired.set)
+        assert fired.wait(5), "a stalled timer blocked every other timer"
+    finally:
+        release.set()
+        scheduler.shutdown()
+
+
+def test_thread_scheduler_never_overlaps_runs_of_one_periodic_timer():
+    """A periodic timer still running when it falls due again skips that run instead of
+    starting a second, concurrent run (as Java's scheduleAtFixedRate)."""
+    scheduler = ThreadScheduler()
+    release = threading.Event()
+    running = 0
+    most = 0
+    runs = 0
+    lock = threading.Lock()
+    first = threading.Event()
+
+    def tick() -> None:
+        nonlocal running, most, runs
+        with lock:
+            running += 1
+            runs += 1
+            most = max(most, running)
+        first.set()
+        release.wait(10)
+        with lock:
+            running -= 1
+
+    try:
+        scheduler.schedule_at_fixed_rate(0, 2, tick)
+        assert first.wait(5)
+        threading.Event().wait(0.1)  # ~50 periods fall due while the first run is stuck
+        assert runs == 1 and most == 1
+    finally:
+        release.set()
+        scheduler.shutdown()

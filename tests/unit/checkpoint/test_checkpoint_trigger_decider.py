@@ -45,8 +45,14 @@ def test_only_a_periodic_request_is_queued_when_too_many_are_running():
 def test_min_pause_tells_the_periodic_timer_when_to_retry():
     decision = decide_trigger(PERIODIC, replace(IDLE, last_completion_ms=9_900))
     assert decision.refusal is R.MINIMUM_TIME_BETWEEN_CHECKPOINTS and decision.retry_in_ms == 400
-    assert decide_trigger(MANUAL, replace(IDLE, last_completion_ms=9_900)).retry_in_ms is None
     assert decide_trigger(PERIODIC, replace(IDLE, last_completion_ms=9_500)).start
+
+
+def test_min_pause_applies_to_periodic_requests_only():
+    """Issue 9 #19 (Flink's CheckpointRequestDecider: `!isForce() && isPeriodic`)."""
+    in_pause = replace(IDLE, last_completion_ms=9_900)
+    assert decide_trigger(MANUAL, in_pause).start
+    assert decide_trigger(MANUAL, replace(in_pause, pending_count=1)).refusal is R.TOO_MANY_CONCURRENT
 
 
 def test_forced_skips_queue_concurrency_and_pause_but_not_shutdown():

@@ -3,9 +3,13 @@ and what each finalize failure means."""
 
 from __future__ import annotations
 
+import threading
+
+import pytest
+from checkpoint_fakes import WAIT_S, DiscardingStorage, StallingStorage, wait_until
 from checkpoint_support import failure_reason, handle_for, make_harness
 
-from sparkpoint.checkpoint import CheckpointFailureReason as R
+from sparkpoint.checkpoint import AckResult, CheckpointFailureReason as R
 from sparkpoint.errors import LeaseLostError, MetadataExistsError, StorageError
 
 
@@ -170,3 +174,161 @@ def test_handles_already_acked_by_in_flight_checkpoints_are_kept_when_discarding
     assert discarded_id == 1
     assert handle_for(3, "state:count/0") in still_referenced
     assert handle_for(2, "job") in still_referenced
+
+
+# ---------------------------------------------------------------- issue 9 #18
+def _shared(checkpoint_id: int, participant: str) -> dict:
+    return {"participant": participant, "shared": [f"shared/{participant}-{checkpoint_id}.sst"]}
+
+
+def test_shared_files_of_an_aborted_checkpoint_are_discarded_once_its_writers_stopped():
+    """Issue 9 #18: files an aborted checkpoint uploaded to shared/ used to wait for the
+    start-up GC. Once the abort future says its writers stopped, the coordinator hands
+    storage the handles it was acked with and everything that must be kept: retained
+    checkpoints, other in-flight checkpoints, and the runtime's live references."""
+    storage = DiscardingStorage()
+    live = [{"participant": "state:count/0", "shared": ["shared/live.sst"]}]
+    h = make_harness(storage=storage, max_concurrent=2, live_references=lambda: live)
+    h.complete(h.trigger())  # 1: retained
+    h.gateway.complete_aborts = False
+    h.trigger()  # 2: will be aborted
+    h.trigger()  # 3: in flight
+    h.coordinator.acknowledge(2, "job", _shared(2, "job"))
+    h.coordinator.acknowledge(2, "source:numbers", _shared(2, "source"))
+    h.coordinator.acknowledge(3, "job", _shared(3, "job"))
+    h.coordinator.decline(2, "state:count/0", R.TASK_ASYNC_FAILURE, OSError("upload failed"))
+    assert storage.discarded_aborted == []  # writers may still be uploading
+
+    h.gateway.abort_futures[2].set_result(None)
+    [(checkpoint_id, handles, still_referenced)] = storage.discarded_aborted
+    assert checkpoint_id == 2
+    assert sorted(map(str, handles)) == sorted(map(str, [_shared(2, "job"), _shared(2, "source")]))
+    kept = list(map(str, still_referenced))
+    assert str(_shared(3, "job")) in kept  # another in-flight checkpoint
+    assert str(live[0]) in kept  # the running job's live state
+    assert all(str(handle_for(1, p)) in kept for p in h.gateway.participant_ids)  # retained
+    assert str(_shared(2, "job")) not in kept
+    assert storage.discarded_locations == []  # discard_aborted replaces discard_location
+    assert 2 not in storage.directories
+
+
+def test_a_late_ack_of_an_aborted_checkpoint_has_its_files_discarded_too():
+    """The handle of an upload that finished just after the abort is not lost: its files
+    are discarded with the others once the writers stopped."""
+    storage = DiscardingStorage()
+    h = make_harness(storage=storage)
+    h.gateway.complete_aborts = False
+    h.trigger()
+    h.coordinator.decline(1, "job", R.DECLINED_BY_TASK)
+    assert h.coordinator.acknowledge(1, "state:count/0", _shared(1, "late")) is AckResult.DISCARDED
+    h.gateway.abort_futures[1].set_result(None)
+    [(_, handles, _)] = storage.discarded_aborted
+    assert handles == [_shared(1, "late")]
+
+
+def test_aborted_checkpoint_files_stay_when_writers_are_not_confirmed_stopped_with_discard_aborted():
+    storage = DiscardingStorage()
+    h = make_harness(storage=storage)
+    h.gateway.complete_aborts = False
+    h.trigger()
+    h.coordinator.acknowledge(1, "job", _shared(1, "job"))
+    h.coordinator.decline(1, "source:numbers", R.DECLINED_BY_TASK)
+    h.gateway.abort_futures[1].set_exception(TimeoutError("executor lost"))
+    assert storage.discarded_aborted == [] and storage.discarded_locations == []
+
+
+def test_failed_discard_of_aborted_shared_files_is_logged_not_fatal(caplog):
+    storage = DiscardingStorage()
+    storage.raise_on("discard_aborted", RuntimeError("s3 throttled"))
+    h = make_harness(storage=storage)
+    h.trigger()
+    h.coordinator.acknowledge(1, "job", _shared(1, "job"))
+    h.coordinator.decline(1, "source:numbers", R.DECLINED_BY_TASK)
+    assert "could not delete the files of aborted checkpoint 1" in caplog.text
+    assert h.complete(h.trigger()).checkpoint_id == 2
+
+
+def test_live_references_are_kept_when_discarding_subsumed_checkpoints():
+    """Issue 9 #18: the runtime's live handles join `still_referenced` for subsumption too."""
+    live = [{"participant": "state:count/0", "shared": ["shared/not-yet-checkpointed.sst"]}]
+    h = make_harness(num_retained=1, live_references=lambda: live)
+    h.complete(h.trigger())
+    h.complete(h.trigger())
+    [(discarded_id, still_referenced)] = h.storage.discarded_completed
+    assert discarded_id == 1 and live[0] in still_referenced
+
+
+def test_a_raising_live_references_hook_keeps_every_shared_file(caplog):
+    """If the runtime cannot say what it still needs, no shared file is deleted (safe
+    side): subsumed checkpoints stay whole, an aborted one loses only its own chk-<id>/."""
+    def broken():
+        raise RuntimeError("lineage registry closed")
+
+    storage = DiscardingStorage()
+    h = make_harness(storage=storage, num_retained=1, live_references=broken)
+    h.complete(h.trigger())
+    h.complete(h.trigger())
+    assert h.storage.discarded_completed == []
+    h.trigger()
+    h.coordinator.acknowledge(3, "job", _shared(3, "job"))
+    h.coordinator.decline(3, "source:numbers", R.DECLINED_BY_TASK)
+    assert storage.discarded_aborted == [] and storage.discarded_locations == [3]
+    assert h.failures() == {"DECLINED_BY_TASK": 1}
+    assert "lineage registry closed" in caplog.text
+
+
+def test_handles_of_a_checkpoint_waiting_to_finalize_are_kept_when_discarding():
+    """A checkpoint whose last ack arrived has left the pending set but is not in the
+    completed store yet: its handles must still count as referenced while an earlier
+    finalization discards what it subsumed."""
+    storage = StallingStorage()
+    h = make_harness(storage=storage, num_retained=1, max_concurrent=2)
+    h.complete(h.trigger())  # 1
+    h.trigger()  # 2
+    h.trigger()  # 3
+    gate = storage.stall("commit_metadata")
+    acker2 = threading.Thread(target=h.ack_all, args=(2,), daemon=True)
+    acker2.start()
+    assert gate.entered.wait(WAIT_S)
+    acker3 = threading.Thread(target=h.ack_all, args=(3,), daemon=True)
+    acker3.start()
+    wait_until(lambda: h.coordinator.pending_checkpoint_ids() == [], "3 waits for 2's finalization")
+    gate.open()
+    acker2.join(WAIT_S)
+    acker3.join(WAIT_S)
+    discarded = dict(storage.discarded_completed)
+    assert handle_for(3, "job") in discarded[1]
+
+
+# ---------------------------------------------------------------- issue 9 #20
+def test_raising_fail_job_callback_does_not_stop_the_abort_half_way(caplog):
+    """Issue 9 #20: the fail-job callback raising used to leave the future open, the abort
+    unsent and the files kept. Now the cleanup always runs and the error is logged."""
+    def fail_job(reason, error):
+        raise RuntimeError("job master is gone")
+
+    h = make_harness(tolerable_failed=0, fail_job=fail_job)
+    future = h.trigger()
+    assert h.coordinator.decline(1, "job", R.DECLINED_BY_TASK) is True
+    assert failure_reason(future) is R.DECLINED_BY_TASK
+    assert h.gateway.aborted_ids == [1]
+    assert h.storage.discarded_locations == [1]
+    assert "job master is gone" in caplog.text
+    assert h.complete(h.trigger()).checkpoint_id == 2
+
+
+def test_abort_cleanup_runs_even_if_reporting_the_failure_raises():
+    """Issue 9 #20 at depth: whatever raises while reporting (a broken stats tracker
+    here), the future, the abort and the file deletion still happen."""
+    h = make_harness()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("stats broken")
+
+    h.coordinator.stats.report_failed = broken
+    future = h.trigger()
+    with pytest.raises(RuntimeError, match="stats broken"):
+        h.coordinator.decline(1, "job", R.DECLINED_BY_TASK)
+    assert failure_reason(future) is R.DECLINED_BY_TASK
+    assert h.gateway.aborted_ids == [1]
+    assert h.storage.discarded_locations == [1]

@@ -120,3 +120,32 @@ def test_a_raising_alarm_listener_breaks_nothing(h, caplog):
     assert [e.reason for e in seen] == [R.DECLINED_BY_TASK]
     assert "pager down" in caplog.text
     assert h.complete(h.trigger()).checkpoint_id == 2
+
+
+def test_shutdown_with_a_periodic_checkpoint_in_flight_reports_no_failed_checkpoint():
+    """Issue 9 #3: a clean bounded run ends with one periodic checkpoint in flight; its
+    COORDINATOR_SHUTDOWN abort must not show up as a failed checkpoint anywhere the user
+    looks (the progress line and the final summary print counted_failed; `failed` is in
+    the summary's stats too)."""
+    h = make_harness(interval_ms=1000)
+    h.coordinator.start_scheduler()
+    h.scheduler.advance(h.scheduler.next_due_ms())
+    assert h.coordinator.pending_checkpoint_ids() == [1]
+    h.coordinator.shutdown()
+    snap = h.coordinator.stats.snapshot()
+    assert snap["counted_failed"] == 0
+    assert snap["failed"] == 0
+    assert snap["aborted"] == 1  # still visible, as what it is
+    assert snap["in_progress"] == 0
+    assert snap["failures_by_reason"] == {"COORDINATOR_SHUTDOWN": 1}
+
+
+def test_checkpoints_aborted_by_suspension_or_subsumption_are_not_failed_checkpoints():
+    h = make_harness(max_concurrent=2)
+    h.trigger()
+    h.trigger()
+    h.ack_all(2)  # subsumes 1
+    h.trigger()
+    h.coordinator.job_status_changed("RESTARTING")  # suspends 3
+    snap = h.coordinator.stats.snapshot()
+    assert (snap["failed"], snap["counted_failed"], snap["aborted"]) == (0, 0, 2)

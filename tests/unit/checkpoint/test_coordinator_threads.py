@@ -6,9 +6,18 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from checkpoint_support import PARTICIPANTS, handle_for
+import pytest
+from checkpoint_fakes import WAIT_S, StallingStorage, wait_until
+from checkpoint_support import PARTICIPANTS, failure_reason, handle_for, make_harness
 
-from sparkpoint.checkpoint import CheckpointCoordinator, CheckpointCoordinatorConfig, ThreadScheduler
+from sparkpoint.checkpoint import (
+    AckResult,
+    CheckpointCoordinator,
+    CheckpointCoordinatorConfig,
+    CheckpointFailureReason as R,
+    CheckpointsStillFinalizingError,
+    ThreadScheduler,
+)
 from sparkpoint.testing.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
 
 
@@ -49,3 +58,151 @@ def test_checkpoints_complete_in_id_order_with_acks_from_many_threads():
     assert all(cid in storage.metadata or any(d == cid for d, _ in storage.discarded_completed)
                for cid in notified)
     assert coordinator.failure_manager.consecutive_failures == 0
+
+
+def test_expiry_of_a_checkpoint_fires_while_a_periodic_trigger_is_stalled_in_storage():
+    """Issue 9 #17 under the production scheduler: checkpoint 1 is running, the periodic
+    trigger of checkpoint 2 hangs in storage on a timer, and checkpoint 1 must still
+    expire on time (it used to wait until the stall ended)."""
+    scheduler = ThreadScheduler()
+    storage = StallingStorage()
+    gateway = RecordingGateway(participant_ids=list(PARTICIPANTS))
+    config = CheckpointCoordinatorConfig(interval_ms=200, min_pause_ms=150, timeout_ms=300, max_concurrent=2)
+    coordinator = CheckpointCoordinator("orders", config, scheduler, InMemoryIdCounter(), storage, gateway)
+    expired = threading.Event()
+    coordinator.alarms.register(lambda e: e.checkpoint_id == 1 and e.reason is R.EXPIRED and expired.set())
+    gate = storage.stall("initialize_location")
+    try:
+        coordinator.start_scheduler()  # first periodic trigger in 150..200 ms
+        gate.open()
+        first = coordinator.trigger_checkpoint()  # checkpoint 1, expires at 300 ms
+        gate = storage.stall("initialize_location")
+        assert gate.entered.wait(WAIT_S), "the periodic trigger did not run"
+        assert expired.wait(WAIT_S), "checkpoint 1 did not expire while a trigger was stalled"
+        assert failure_reason(first) is R.EXPIRED
+        assert gateway.triggered_ids == [1]
+    finally:
+        gate.open()
+        coordinator.shutdown()
+        scheduler.shutdown()
+
+
+# ---------------------------------------------------------------- issue 9 #4
+def _finalizing_harness():
+    storage = StallingStorage()
+    h = make_harness(storage=storage, max_concurrent=2)
+    h.coordinator.start_scheduler()
+    return h, storage
+
+
+def _in_thread(fn, *args):
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_suspend_and_settle_waits_for_a_finalization_already_writing_metadata():
+    """Issue 9 #4: the last ack has arrived, so checkpoint 1 has left the pending set and is
+    writing `_metadata`. A failover's suspend_and_settle must not return before that
+    finalization is over (metadata written, completed store updated, participants
+    notified), so restore sees it and no commit runs behind restore's back."""
+    h, storage = _finalizing_harness()
+    future = h.trigger()
+    gate = storage.stall("commit_metadata")
+    acker, _ = _in_thread(h.ack_all, 1)
+    assert gate.entered.wait(WAIT_S)
+
+    settler, settled = _in_thread(h.coordinator.suspend_and_settle, WAIT_S)
+    wait_until(lambda: h.coordinator.is_suspended, "suspended")
+    settler.join(0.1)
+    assert settler.is_alive(), "suspend_and_settle returned while checkpoint 1 was finalizing"
+    gate.open()
+    settler.join(WAIT_S)
+    acker.join(WAIT_S)
+    assert not settler.is_alive() and "error" not in settled
+    assert future.result(0).checkpoint_id == 1
+    assert h.coordinator.completed_store.latest().checkpoint_id == 1
+    assert h.gateway.notified == [1]
+    assert not h.coordinator.periodic_scheduling
+
+
+def test_suspend_and_settle_aborts_a_finalization_that_has_not_written_metadata():
+    """Issue 9 #4: checkpoint 2 is fully acknowledged but waits for checkpoint 1's
+    finalization; once suspended, it is aborted before its `_metadata` (not counted) and
+    nothing completes until the scheduler starts again."""
+    h, storage = _finalizing_harness()
+    first, second = h.trigger(), h.trigger()
+    gate = storage.stall("commit_metadata")
+    acker1, _ = _in_thread(h.ack_all, 1)
+    assert gate.entered.wait(WAIT_S)
+    acker2, _ = _in_thread(h.ack_all, 2)
+    wait_until(lambda: h.coordinator.pending_checkpoint_ids() == [], "checkpoint 2 waits to finalize")
+
+    settler, settled = _in_thread(h.coordinator.suspend_and_settle, WAIT_S)
+    wait_until(lambda: h.coordinator.is_suspended, "suspended")
+    gate.open()
+    for t in (settler, acker1, acker2):
+        t.join(WAIT_S)
+        assert not t.is_alive()
+    assert "error" not in settled
+    assert first.result(0).checkpoint_id == 1
+    assert failure_reason(second) is R.COORDINATOR_SUSPENDING
+    assert sorted(storage.metadata) == [1]
+    assert h.gateway.notified == [1]
+    assert h.coordinator.failure_manager.consecutive_failures == 0
+    assert h.coordinator.stats.snapshot()["counted_failed"] == 0
+
+    # nothing can complete until the scheduler is started again
+    assert failure_reason(h.trigger(forced=True)) is R.COORDINATOR_SUSPENDING
+    h.coordinator.job_status_changed("RUNNING")
+    assert h.complete(h.trigger()).checkpoint_id == 3
+
+
+def test_suspend_and_settle_aborts_pending_checkpoints_and_returns_at_once_when_idle(h):
+    future = h.trigger()
+    h.coordinator.suspend_and_settle(1.0)
+    assert failure_reason(future) is R.COORDINATOR_SUSPENDING
+    assert h.gateway.aborted_ids == [1]
+    assert h.ack(1, "job") is AckResult.DISCARDED
+    assert h.coordinator.failure_manager.consecutive_failures == 0
+
+
+def test_suspend_and_settle_raises_a_typed_error_when_a_finalization_does_not_finish():
+    h, storage = _finalizing_harness()
+    h.trigger()
+    gate = storage.stall("commit_metadata")
+    acker, _ = _in_thread(h.ack_all, 1)
+    assert gate.entered.wait(WAIT_S)
+    try:
+        with pytest.raises(CheckpointsStillFinalizingError) as raised:
+            h.coordinator.suspend_and_settle(0.2)
+        assert raised.value.checkpoint_ids == (1,)
+        assert "1" in str(raised.value)
+    finally:
+        gate.open()
+        acker.join(WAIT_S)
+
+
+def test_suspend_and_settle_from_inside_a_finalization_does_not_wait_for_itself():
+    """A runtime that fails over from a callback of the finalizing thread (e.g. the
+    fail-job callback after FINALIZE_FAILED, or notify_complete) must not deadlock."""
+    h, _ = _finalizing_harness()
+    calls = []
+
+    def notify(checkpoint_id, data):
+        h.coordinator.suspend_and_settle(1.0)
+        calls.append(checkpoint_id)
+
+    h.gateway.notify_complete = notify
+    future = h.trigger()
+    h.ack_all(1)
+    assert future.result(0).checkpoint_id == 1
+    assert calls == [1]
