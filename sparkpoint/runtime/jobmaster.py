@@ -145,7 +145,9 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         self.scheduler = ThreadScheduler()
         self.coordinator = CheckpointCoordinator(
             self.job_name, cfg, self.scheduler, self.storage.ids, self.storage.checkpoints, self.gateway,
-            fail_job=self._on_checkpoint_failures_exceeded)
+            fail_job=self._on_checkpoint_failures_exceeded,
+            # State files the running job still needs but no checkpoint references yet.
+            live_references=self.lineages.live_handles if self.lineages is not None else None)
         if s.alarm_webhook:
             from sparkpoint.checkpoint.alarms import WebhookAlarmListener
             self.coordinator.alarms.register(WebhookAlarmListener(s.alarm_webhook))

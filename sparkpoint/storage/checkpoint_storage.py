@@ -137,6 +137,23 @@ class FsCheckpointStorage:
                 log.warning("not deleting %r referenced by chk-%d: %s", rel, checkpoint_id, e)
         self.fs.rm(chk_dir, recursive=True)
 
+    def discard_aborted(self, checkpoint_id: int, handles: Sequence[StateHandle],
+                        still_referenced: Sequence[StateHandle]) -> None:
+        """Delete an aborted checkpoint's directory and the shared files its acks named
+        that nothing in `still_referenced` (retained, in-flight, live) needs. Called only
+        once its writers stopped. Raises LeaseLostError (deleting nothing) if fenced."""
+        if self.lease is not None:
+            self.lease.check()
+        keep = referenced_paths(still_referenced)
+        for rel in sorted(referenced_paths(handles) - keep):
+            if rel.split("/", 1)[0] != SHARED_DIR:
+                continue
+            try:
+                self.fs.rm(self.layout.resolve(rel))
+            except ValueError as e:
+                log.warning("not deleting %r named by aborted chk-%d: %s", rel, checkpoint_id, e)
+        self.fs.rm(self.layout.checkpoint(checkpoint_id), recursive=True)
+
     def load_completed(self) -> list[CompletedCheckpointData]:
         completed = []
         for checkpoint_id in self.checkpoint_ids():
