@@ -1,7 +1,11 @@
 """A directory-of-files source: JSON lines or Parquet, new files picked up as
 they arrive. Files are taken in name order; the position is the list of files
 already read, so a restore never re-reads or skips one. Files must be complete
-when they appear (write elsewhere, then rename into the directory)."""
+when they appear (write elsewhere, then rename into the directory).
+
+The one split is "dir". Runs before this name used "files", which is also the key
+under which checkpoint handles list state files (storage/handles.py); positions
+of such older checkpoints are still read."""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ import os
 from sparkpoint.connectors.base import Positions, SlicePlan, Source, SourceContext
 from sparkpoint.errors import ConfigError
 
-_SPLIT = "files"
+_SPLIT = "dir"
+_LEGACY_SPLIT = "files"  # the split of checkpoints written by older versions
 
 
 class FileSource(Source):
@@ -44,18 +49,23 @@ class FileSource(Source):
                       if fnmatch.fnmatch(n, self.pattern) and not n.startswith((".", "_")))
 
     def plan(self, positions: Positions) -> SlicePlan:
-        done = set(positions.get(_SPLIT, []))
+        done = _done(positions)
         new = [n for n in self._available() if n not in done][: self.max_files]
         return SlicePlan({_SPLIT: sorted(done)}, {_SPLIT: sorted(done | set(new))})
 
     def lag(self, positions: Positions) -> dict[str, int]:
-        done = set(positions.get(_SPLIT, []))
+        done = _done(positions)
         return {_SPLIT: sum(1 for n in self._available() if n not in done)}
 
     def read(self, plan: SlicePlan):
-        new = sorted(set(plan.end[_SPLIT]) - set(plan.start[_SPLIT]))
+        new = sorted(_done(plan.end) - _done(plan.start))
         if not new:
             return self._spark.createDataFrame([], self._schema)
         paths = [os.path.join(self.path, n) for n in new]
         reader = self._spark.read.schema(self._schema)
         return reader.json(paths) if self.format == "json" else reader.parquet(*paths)
+
+
+def _done(positions: Positions) -> set[str]:
+    """Names already read, from this version's positions or an older run's."""
+    return set(positions.get(_SPLIT, positions.get(_LEGACY_SPLIT, [])))

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 
-from sparkpoint.errors import ConfigError
+from sparkpoint.errors import ConfigError, KafkaConnectorError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPARK_CONNECTOR_DIR = REPO_ROOT / ".cache" / "kafka" / "spark-connector"
@@ -39,6 +39,13 @@ RECORD_ARROW_SCHEMA = pa.schema([
 _RESERVED_CONSUMER_KEYS = frozenset({"enable.auto.commit", "enable.auto.offset.store",
                                      "isolation.level", "enable.partition.eof"})
 _RESERVED_PRODUCER_KEYS = frozenset({"transactional.id", "enable.idempotence"})
+
+
+class KafkaDataLossError(KafkaConnectorError, ConfigError):
+    """Records a checkpointed position expects are gone (removed by retention, or the
+    topic was recreated or its log truncated) and `fail_on_data_loss=True`. Not retried
+    (a ConfigError): the positions are in the checkpoint, so a restart meets the same
+    gap. The message says which partition, which offsets, and how to go on."""
 
 
 def split_id(topic: str, partition: int) -> str:

@@ -25,9 +25,12 @@ Commit protocol (`commit(handle)`), and what a crash at each step leaves behind:
 
   1. Skip if marker >= checkpoint id (already published).
         crash: nothing happened.
-  2. Read and verify the staged files of every segment newer than the marker.
+  2. Check the staged files of every segment newer than the marker (name, presence,
+     size); a missing or damaged one is a CorruptCheckpointError naming it, raised
+     before any transaction opens, so a restore falls back to an older checkpoint.
         crash: nothing happened.
-  3. begin transaction; produce the rows; send the marker (offset = checkpoint id).
+  3. begin transaction; produce the rows (each file's sha256 checked as it is read;
+     a mismatch aborts the transaction); send the marker (offset = checkpoint id).
         crash: an open transaction, invisible to read_committed consumers;
         recover() fences it (init_transactions aborts it) and redoes 1-6.
   4. commit transaction: rows and marker become visible together.
@@ -36,9 +39,18 @@ Commit protocol (`commit(handle)`), and what a crash at each step leaves behind:
         crash after: recover() skips by the file; deletes the leftovers (6).
   6. Delete the staged files of the published segments.
 
-`recover(handle)`: init_transactions (fence + abort whatever a crashed run left
-open), re-run `commit(handle)` (idempotent by the marker), then delete every other
-staged file: those epochs come after the restored barrier and are replayed.
+`recover(handle)`: a new producer and init_transactions (fence + abort whatever a
+crashed run left open), re-run `commit(handle)` (idempotent by the marker), then
+delete every other staged file: those epochs come after the restored barrier and are
+replayed. recover is where a run takes (or, after a failover, takes back) the
+transactional id: a producer fenced earlier is replaced and commits work again. The
+commit path itself never re-initializes after a fencing, so a zombie cannot fence its
+successor from there (the job lease stops the zombie). Errors that no restart can cure
+(authorization, a transaction timeout above the brokers' maximum, brokers without
+transactions) are raised as ConfigError, which the runtime does not retry.
+
+Threads: `write_epoch`/`pre_commit` run on the epoch loop, `commit` on the committer
+thread; the sealed segments they share are guarded by a lock.
 
 Delivery: exactly-once for read_committed consumers. Records appear at checkpoint
 completion, not per epoch (end-to-end latency >= checkpoint interval). A restore from
@@ -55,7 +67,9 @@ import hashlib
 import io
 import json
 import logging
+import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
@@ -74,6 +88,15 @@ DeliveryMode = Literal["exactly_once", "at_least_once"]
 HANDLE_VERSION = 1
 _COMMITTED_FILE = "_committed.json"
 _STAGED_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+# The only names `write_epoch` creates. Names read back from a checkpoint handle must
+# match: no '/', no '..', so nothing outside the staging directory is read or deleted.
+_STAGED_NAME = re.compile(r"epoch-\d{1,19}-[0-9a-f]{8}\.arrow")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# send_offsets_to_transaction gets its timeout plus this before it is abandoned.
+_MARKER_GRACE_S = 5.0
+# Abandoned marker calls (each holding a producer and a thread) tolerated at once; past
+# this no new producer is started until one of them returns.
+_MAX_STUCK_MARKERS = 2
 
 
 @dataclass(frozen=True)
@@ -81,13 +104,25 @@ class StagedFile:
     name: str
     rows: int
     sha256: str
+    size: int = -1  # bytes; -1 in handles of older runs (not recorded)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "rows": self.rows, "sha256": self.sha256}
+        return {"name": self.name, "rows": self.rows, "sha256": self.sha256, "size": self.size}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "StagedFile":
-        return cls(str(d["name"]), int(d["rows"]), str(d["sha256"]))
+        name = d.get("name") if isinstance(d, Mapping) else None
+        if not isinstance(name, str) or not _STAGED_NAME.fullmatch(name):
+            raise CorruptCheckpointError(
+                f"Kafka sink handle: staged file name {name!r} is not one the sink writes "
+                "(epoch-<epoch>-<hex8>.arrow, inside the staging directory); the checkpoint's "
+                "_metadata was altered or damaged, so nothing is read or deleted for it")
+        sha256, rows, size = d.get("sha256"), d.get("rows"), d.get("size", -1)
+        if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256) or not _is_int(rows) \
+                or not _is_int(size):
+            raise CorruptCheckpointError(f"Kafka sink handle: staged file entry {dict(d)!r:.300} "
+                                         "lacks a valid sha256, rows or size")
+        return cls(name, rows, sha256, size)
 
 
 @dataclass(frozen=True)
@@ -104,8 +139,14 @@ class Segment:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Segment":
-        staged = d["staged"] if "staged" in d else d["files"]   # "files": handles of older runs
-        return cls(int(d["checkpoint_id"]), tuple(StagedFile.from_json(f) for f in staged))
+        try:
+            staged = d["staged"] if "staged" in d else d["files"]   # "files": handles of older runs
+            checkpoint_id = int(d["checkpoint_id"])
+            entries = list(staged)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptCheckpointError(f"Kafka sink handle: segment {d!r:.300} is malformed "
+                                         f"({type(e).__name__}: {e})") from None
+        return cls(checkpoint_id, tuple(StagedFile.from_json(f) for f in entries))
 
 
 class KafkaSink(Sink):
@@ -145,11 +186,16 @@ class KafkaSink(Sink):
         self._marker_consumer: Any = None
         self._generation: str | None = None
         self._last_committed = 0
-        self._open_files: list[StagedFile] = []   # staged since the last barrier
-        self._sealed: list[Segment] = []          # pre-committed, not yet published
+        self._open_files: list[StagedFile] = []   # staged since the last barrier (epoch loop only)
+        # Pre-committed, not yet published: appended by the epoch loop (pre_commit),
+        # pruned by the committer thread (commit); always under _lock.
+        self._sealed: list[Segment] = []
+        self._lock = threading.Lock()
         self._delivery_errors: list[str] = []
         self._outcome_unknown = False             # a publish failed midway; see _resync
         self._fenced = False                      # a newer run took over our transactional id
+        # Marker calls abandoned past their time-out: (thread, the producer it holds).
+        self._stuck: list[tuple[threading.Thread, Any]] = []
 
     # -- identity -----------------------------------------------------------------------
     @property
@@ -195,9 +241,20 @@ class KafkaSink(Sink):
         if self._producer is not None:
             self._producer.flush(self._timeout_s)
             self._producer = None
+        self._close_marker_consumer()
+        self._reap_stuck()
+        if self._stuck:
+            log.warning("Kafka sink %s: %d commit-marker calls are still blocked in librdkafka "
+                        "(#5456); their daemon threads and producers end with the process",
+                        self.name, len(self._stuck))
+
+    def _close_marker_consumer(self) -> None:
         if self._marker_consumer is not None:
-            self._marker_consumer.close()
-            self._marker_consumer = None
+            consumer, self._marker_consumer = self._marker_consumer, None
+            try:
+                consumer.close()
+            except Exception as e:  # already closed, or the broker is away: nothing to keep
+                log.debug("Kafka sink %s: closing the marker consumer: %s", self.name, e)
 
     # -- the two-phase commit -----------------------------------------------------------
     def recover(self, handle: Mapping[str, Any] | None) -> None:
@@ -212,12 +269,20 @@ class KafkaSink(Sink):
                 f"{handle.get('version')} in mode {handle.get('mode')!r}, but this sink is "
                 f"version {HANDLE_VERSION} in mode {self.mode!r}; restore with the same sink "
                 "settings, or start from an empty state")
+        if handle is not None:  # refuse a damaged or crafted handle before touching anything
+            for s in handle.get("segments") or []:
+                Segment.from_json(s)
         self._generation = str(handle["generation"]) if handle else uuid.uuid4().hex[:12]
-        self._open_files, self._sealed, self._last_committed = [], [], 0
+        with self._lock:
+            self._open_files, self._sealed, self._last_committed = [], [], 0
+        self._close_marker_consumer()
         self._marker_consumer = self._make_marker_consumer()
-        # Fences every producer of a crashed or zombie run with our transactional id
-        # and aborts its open transaction, before we read the marker.
+        # This run (re)takes the transactional id: a producer fenced before (by a run that
+        # the job lease has since stopped, or a fatal producer error) is replaced, and
+        # init_transactions fences every producer of a crashed or zombie run and aborts
+        # its open transaction, before we read the marker.
         self._resync()
+        self._fenced = False
         if handle is not None:
             restored = int(handle["checkpoint_id"])
             if self._last_committed > restored:
@@ -247,8 +312,8 @@ class KafkaSink(Sink):
         data = sink.getvalue()
         # The random part keeps a replayed epoch from overwriting a crashed run's file.
         staged = StagedFile(f"epoch-{epoch:012d}-{uuid.uuid4().hex[:8]}.arrow", len(values),
-                            hashlib.sha256(data).hexdigest())
-        self._require_fs().write_atomic(f"{self._dir}/{staged.name}", data)
+                            hashlib.sha256(data).hexdigest(), len(data))
+        self._require_fs().write_atomic(self._staged_path(staged.name), data)
         self._open_files.append(staged)
 
     def pre_commit(self, checkpoint_id: int) -> Mapping[str, Any]:
@@ -256,7 +321,9 @@ class KafkaSink(Sink):
             self._flush_or_raise()
             return {"version": HANDLE_VERSION, "mode": self.mode, "checkpoint_id": checkpoint_id}
         self._require_recovered()
-        self._sealed.append(Segment(checkpoint_id, tuple(self._open_files)))
+        with self._lock:  # the committer thread prunes _sealed concurrently
+            self._sealed.append(Segment(checkpoint_id, tuple(self._open_files)))
+            segments = [s.to_json() for s in self._sealed]
         self._open_files = []
         return {
             "version": HANDLE_VERSION,
@@ -267,7 +334,7 @@ class KafkaSink(Sink):
             "topic": self.topic,
             # Every sealed segment not yet published: a checkpoint that failed or is
             # still pending is covered by this one too, so no abort can lose rows.
-            "segments": [s.to_json() for s in self._sealed],
+            "segments": segments,
         }
 
     def commit(self, handle: Mapping[str, Any]) -> None:
@@ -278,15 +345,16 @@ class KafkaSink(Sink):
         if self._fenced:
             raise KafkaConnectorError(
                 f"Kafka sink {self.name}: this run was fenced by a newer run of job "
-                f"{self._job_name!r} (same transactional id {self.transactional_id}); stop it")
-        if self._outcome_unknown:
+                f"{self._job_name!r} (same transactional id {self.transactional_id}); commits stay "
+                "refused until the job fails over and recover() starts a new producer")
+        segments = [Segment.from_json(s) for s in handle["segments"]]   # validates names
+        if self._outcome_unknown or self._producer is None:
             self._resync()
         # 1. already published?
         if checkpoint_id <= self._last_committed:
             self._forget_published(checkpoint_id)
             return
         # 2. staged rows of every segment the marker does not cover yet
-        segments = [Segment.from_json(s) for s in handle["segments"]]
         todo = [s for s in segments if s.checkpoint_id > self._last_committed]
         if not self._all_staged(todo):
             # A successor run may have published them and cleaned up: ask the marker
@@ -296,9 +364,11 @@ class KafkaSink(Sink):
                 self._forget_published(checkpoint_id)
                 return
             todo = [s for s in segments if s.checkpoint_id > self._last_committed]
+        files = [f for s in todo for f in s.files]
+        self._verify_staged(files)
         # 3.-4. one transaction: rows + marker
         self._outcome_unknown = True
-        self._publish(checkpoint_id, [f for s in todo for f in s.files])
+        self._publish(checkpoint_id, files)
         self._outcome_unknown = False
         self._last_committed = checkpoint_id
         # 5. durable record of the commit
@@ -308,7 +378,7 @@ class KafkaSink(Sink):
         # 6. the published rows are no longer needed
         for s in segments:
             for f in s.files:
-                self._require_fs().rm(f"{self._dir}/{f.name}")
+                self._require_fs().rm(self._staged_path(f.name))
         self._forget_published(checkpoint_id)
 
     def abort(self, handle: Mapping[str, Any]) -> None:
@@ -321,12 +391,38 @@ class KafkaSink(Sink):
         that failed midway nobody knows whether its commit reached the broker;
         init_transactions waits for a commit in flight or aborts the transaction, so
         the marker read after it is the truth."""
+        from confluent_kafka import KafkaException
+
+        self._reap_stuck()
+        if len(self._stuck) >= _MAX_STUCK_MARKERS:
+            raise KafkaConnectorError(
+                f"Kafka sink {self.name}: {len(self._stuck)} earlier commit markers for {self.topic} "
+                "are still blocked inside librdkafka (send_offsets_to_transaction ignores its "
+                "timeout while the group coordinator is away, librdkafka #5456/#5511); no further "
+                "producer is started until one returns, so none leaks. The rows stay staged and "
+                "are published by a later commit")
         if self._producer is not None:
             self._producer.purge()
-        self._producer = self._make_producer(transactional=True)
-        self._producer.init_transactions(self._timeout_s)
+            self._producer = None
+        producer = self._make_producer(transactional=True)
+        try:
+            producer.init_transactions(self._timeout_s)
+        except KafkaException as e:
+            raise self._kafka_error(e.args[0], "initializing transactions") from e
+        self._producer = producer
         self._last_committed = self._read_last_committed()
         self._outcome_unknown = False
+
+    def _kafka_error(self, error: Any, doing: str) -> Exception:
+        """ConfigError (the runtime does not retry it) for a refusal no restart can cure,
+        else a KafkaConnectorError (fail over and retry)."""
+        hint = _permanent_error_hint(error, self)
+        if hint is not None:
+            return ConfigError(
+                f"Kafka sink {self.name}: {doing} for {self.transactional_id} on {self.bootstrap_servers} "
+                f"failed with {error.name()} ({error.str()}); this does not go away by restarting: {hint}")
+        return KafkaConnectorError(f"Kafka sink {self.name}: {doing} for {self.transactional_id} "
+                                   f"failed: {error}")
 
     def _publish(self, checkpoint_id: int, files: list[StagedFile]) -> None:
         from confluent_kafka import KafkaException, TopicPartition
@@ -339,15 +435,27 @@ class KafkaSink(Sink):
                 self._produce_all(table.column("key"), table.column("value"))
             self._send_marker(producer, [TopicPartition(self.topic, 0, checkpoint_id)])
             producer.commit_transaction(self._timeout_s)
+        except CorruptCheckpointError:
+            # A staged file failed its checksum midway: nothing of it may become visible.
+            try:
+                producer.abort_transaction(self._timeout_s)
+                self._outcome_unknown = False
+            except KafkaException as e:  # the next use starts a new producer (_resync)
+                log.warning("Kafka sink %s: aborting the transaction failed: %s", self.name, e)
+            raise
         except KafkaException as e:
             error = e.args[0]
+            if _permanent_error_hint(error, self) is not None:
+                raise self._kafka_error(error, f"publishing checkpoint {checkpoint_id}") from e
             if error.fatal():
-                # Never re-init after this: init_transactions would fence the newer run.
+                # Never re-init here: init_transactions would fence the newer run. Only
+                # recover() (the failover) starts a new producer.
                 self._fenced = True
                 raise KafkaConnectorError(
                     f"Kafka sink {self.name}: the producer for {self.transactional_id} was fenced "
-                    "or failed fatally; another run of this job is writing (stop it) "
-                    f"or the broker rejected the transaction: {error}") from e
+                    "or failed fatally (another run of this job took over the transactional id, "
+                    f"or the broker rejected the transaction: {error}); this sink refuses commits "
+                    "until the job fails over and recover() starts a new producer") from e
             raise KafkaConnectorError(
                 f"Kafka sink {self.name}: publishing checkpoint {checkpoint_id} to "
                 f"{self.topic} failed: {error}; the checkpoint's rows stay staged and are "
@@ -371,8 +479,11 @@ class KafkaSink(Sink):
 
         worker = threading.Thread(target=send, daemon=True, name=f"kafka-sink-marker-{self.name}")
         worker.start()
-        worker.join(self._timeout_s + 5)
+        worker.join(self._timeout_s + _MARKER_GRACE_S)
         if not outcome:
+            # Kept, not forgotten: _resync reaps it once the call returns and starts no
+            # further producer while _MAX_STUCK_MARKERS of them are blocked.
+            self._stuck.append((worker, producer))
             self._producer = None
             raise KafkaConnectorError(
                 f"Kafka sink {self.name}: the broker did not accept the commit marker of "
@@ -382,38 +493,97 @@ class KafkaSink(Sink):
             raise outcome[0]
 
     def _read_last_committed(self) -> int:
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-        marker = self._marker_consumer.committed([TopicPartition(self.topic, 0)],
-                                                 timeout=self._timeout_s)[0].offset
-        recorded = 0
+        # A group coordinator that is moving or loading answers for a moment with errors
+        # worth waiting out here rather than failing the whole recover.
+        transient = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                     KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                marker = self._marker_consumer.committed([TopicPartition(self.topic, 0)],
+                                                         timeout=self._timeout_s)[0].offset
+                break
+            except KafkaException as e:
+                error = e.args[0]
+                if error.code() not in transient or time.monotonic() > deadline:
+                    raise self._kafka_error(error, "reading the commit marker") from e
+                time.sleep(0.2)
+        return max(self._recorded_commit(), marker if marker >= 0 else 0)
+
+    def _recorded_commit(self) -> int:
+        """The checkpoint `_committed.json` records for this generation, 0 if none. An
+        unreadable record is ignored with a warning (the marker is the truth; the record
+        only helps when the marker group's offsets expired): failing here would fail
+        every recover of the job."""
         path = f"{self._dir}/{_COMMITTED_FILE}"
         fs = self._require_fs()
-        if fs.exists(path):
+        if not fs.exists(path):
+            return 0
+        try:
             data = json.loads(fs.read_bytes(path))
-            if data.get("generation") == self._generation:
-                recorded = int(data["checkpoint_id"])
-        return max(recorded, marker if marker >= 0 else 0)
+            if data.get("generation") != self._generation:
+                return 0
+            return int(data["checkpoint_id"])
+        except FileNotFoundError:
+            return 0
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning("Kafka sink %s: %s is unreadable (%s); ignoring it, the commit marker "
+                        "in Kafka decides what was published", self.name, path, e)
+            return 0
+
+    def _staged_path(self, name: str) -> str:
+        """The staging path of a staged file; refuses names that could leave the directory."""
+        if not _STAGED_NAME.fullmatch(name):
+            raise CorruptCheckpointError(f"Kafka sink {self.name}: staged file name {name!r} is not "
+                                         f"one the sink writes; refusing to use it under {self._dir}")
+        return f"{self._dir}/{name}"
 
     def _all_staged(self, segments: list[Segment]) -> bool:
         fs = self._require_fs()
-        return all(fs.exists(f"{self._dir}/{f.name}") for s in segments for f in s.files)
+        return all(fs.exists(self._staged_path(f.name)) for s in segments for f in s.files)
+
+    def _corrupt(self, path: str, why: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(
+            f"Kafka sink {self.name}: staged file {path} of an unpublished checkpoint {why}; its "
+            "rows cannot be published from this checkpoint. Restore falls back to an older one "
+            "(the source replays from there); check what removed or changed the staging directory")
+
+    def _verify_staged(self, files: list[StagedFile]) -> None:
+        """Step 2: every file there with its recorded size, before a transaction opens."""
+        fs = self._require_fs()
+        for staged in files:
+            path = self._staged_path(staged.name)
+            try:
+                size = fs.size(path)
+            except FileNotFoundError:
+                raise self._corrupt(path, "is missing") from None
+            if staged.size >= 0 and size != staged.size:
+                raise self._corrupt(path, f"has {size} bytes, the checkpoint recorded {staged.size}")
 
     def _read_staged(self, staged: StagedFile) -> pa.Table:
-        path = f"{self._dir}/{staged.name}"
+        path = self._staged_path(staged.name)
         try:
             data = self._require_fs().read_bytes(path)
         except FileNotFoundError:
-            raise CorruptCheckpointError(
-                f"Kafka sink {self.name}: staged file {path} of an unpublished checkpoint is "
-                "missing; its rows cannot be published. Was the staging directory cleaned?") from None
+            raise self._corrupt(path, "is missing") from None
+        if staged.size >= 0 and len(data) != staged.size:
+            raise self._corrupt(path, f"has {len(data)} bytes, the checkpoint recorded {staged.size}")
         if hashlib.sha256(data).hexdigest() != staged.sha256:
-            raise CorruptCheckpointError(f"Kafka sink {self.name}: staged file {path} fails its "
-                                         "checksum; restore from an older checkpoint")
-        return ipc.open_stream(data).read_all()
+            raise self._corrupt(path, "fails its sha256 check (damaged or overwritten)")
+        try:
+            return ipc.open_stream(data).read_all()
+        except pa.ArrowException as e:
+            raise self._corrupt(path, f"is not an Arrow stream ({e})") from None
 
     def _forget_published(self, checkpoint_id: int) -> None:
-        self._sealed = [s for s in self._sealed if s.checkpoint_id > checkpoint_id]
+        with self._lock:  # pre_commit appends concurrently on the epoch loop
+            self._sealed = [s for s in self._sealed if s.checkpoint_id > checkpoint_id]
+
+    def _reap_stuck(self) -> None:
+        """Drop abandoned marker calls that have returned, with their producers."""
+        self._stuck = [(t, p) for t, p in self._stuck if t.is_alive()]
 
     # -- producing -----------------------------------------------------------------------
     def _produce_all(self, keys: pa.ChunkedArray | pa.Array, values: pa.ChunkedArray | pa.Array,
@@ -479,6 +649,37 @@ class KafkaSink(Sink):
             raise KafkaConnectorError(
                 f"Kafka sink {self.name}: call recover(handle or None) before writing; "
                 "recover publishes or discards what a previous run left staged")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _permanent_error_hint(error: Any, sink: KafkaSink) -> str | None:
+    """What to change when `error` (a KafkaError) cannot be cured by retrying, else None."""
+    from confluent_kafka import KafkaError
+
+    code = error.code()
+    auth = "grant this client's principal (client_config) "
+    hints = {
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+            auth + f"Write and Describe on the transactional id {sink.transactional_id}",
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED: auth + "IdempotentWrite on the cluster",
+        KafkaError.TOPIC_AUTHORIZATION_FAILED: auth + f"Write and Describe on topic {sink.topic}",
+        KafkaError.GROUP_AUTHORIZATION_FAILED:
+            auth + f"Read and Describe on the consumer groups {sink.transactional_id}.*",
+        KafkaError.INVALID_TRANSACTION_TIMEOUT:
+            f"transaction_timeout_s={sink._timeout_s:g} exceeds the brokers' "
+            "transaction.max.timeout.ms; lower transaction_timeout_s or raise that broker setting",
+        KafkaError.UNSUPPORTED_VERSION: "the brokers do not support transactions (Kafka >= 2.5 needed)",
+        KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT:
+            "the topic's message format does not support transactions (message.format.version >= 0.11)",
+        KafkaError._UNSUPPORTED_FEATURE: "the brokers do not support transactions (Kafka >= 2.5 needed)",
+        KafkaError.SASL_AUTHENTICATION_FAILED: "check the credentials in client_config",
+        KafkaError._AUTHENTICATION: "check the credentials and certificates in client_config",
+        KafkaError._INVALID_ARG: "check the client settings in client_config",
+    }
+    return hints.get(code)
 
 
 def _as_binary(rows: pa.Table, column: str) -> pa.ChunkedArray:

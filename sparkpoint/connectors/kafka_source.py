@@ -19,31 +19,59 @@ import json
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 import pyarrow as pa
-from prometheus_client import Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
 from sparkpoint.connectors.base import Positions, SlicePlan, Source, SourceContext
 from sparkpoint.connectors.kafka_common import (
-    RECORD_ARROW_SCHEMA, RECORD_SCHEMA_DDL, RateLimitedLog, consumer_config,
+    RECORD_ARROW_SCHEMA, RECORD_SCHEMA_DDL, KafkaDataLossError, RateLimitedLog, consumer_config,
     parse_split, split_id)
 from sparkpoint.errors import ConfigError, KafkaConnectorError
 
 log = logging.getLogger(__name__)
 
+__all__ = ["KafkaSource", "KafkaDataLossError", "KafkaSourceMetrics", "OffsetCommitter"]
+
 StartingPosition = Literal["earliest", "latest", "committed"] | Mapping[str, int]
 Reader = Literal["auto", "confluent", "spark"]
 
-OFFSET_COMMIT_FAILURES = Counter(
-    "sparkpoint_kafka_offset_commit_failures",
-    "Failed attempts to commit a completed checkpoint's offsets to the consumer group "
-    "(retried with backoff; never fails the job)", ["group"])
-OFFSET_COMMITS = Counter(
-    "sparkpoint_kafka_offset_commits", "Checkpoint offsets committed to the consumer group",
-    ["group"])
+
+
+# -- metrics ------------------------------------------------------------------------------
+class KafkaSourceMetrics:
+    """The source's counters on one Prometheus registry. `on(registry)` returns the one
+    set per registry (a registry refuses a second counter of the same name), so any
+    number of sources and runs can bind to the job's registry."""
+
+    _by_registry: "weakref.WeakKeyDictionary[CollectorRegistry, KafkaSourceMetrics]" = \
+        weakref.WeakKeyDictionary()
+    _lock = threading.Lock()
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+        self.offset_commit_failures = Counter(
+            "sparkpoint_kafka_offset_commit_failures",
+            "Failed attempts to commit a completed checkpoint's offsets to the consumer group "
+            "(retried with backoff; never fails the job)", ["group"], registry=registry)
+        self.offset_commits = Counter(
+            "sparkpoint_kafka_offset_commits", "Checkpoint offsets committed to the consumer group",
+            ["group"], registry=registry)
+
+    @classmethod
+    def on(cls, registry: CollectorRegistry | None = None) -> "KafkaSourceMetrics":
+        """The metrics on `registry`; None: prometheus_client's global registry (for
+        sources used outside a job, whose metrics nobody else exports)."""
+        registry = REGISTRY if registry is None else registry
+        with cls._lock:
+            metrics = cls._by_registry.get(registry)
+            if metrics is None:
+                metrics = cls._by_registry[registry] = cls(registry)
+            return metrics
 
 _METADATA_TIMEOUT_S = 30.0
 # Planning runs on the job's main thread between epochs: a broker that does not answer
@@ -71,8 +99,9 @@ class OffsetCommitter:
 
     def __init__(self, group_id: str, commit: Callable[[Mapping[str, int]], None], *,
                  backoff_ms: int = 100, backoff_max_ms: int = 10_000,
-                 log_interval_s: float = 60.0):
+                 log_interval_s: float = 60.0, metrics: KafkaSourceMetrics | None = None):
         self.group_id = group_id
+        self.metrics = metrics or KafkaSourceMetrics.on()
         self._commit = commit
         self._wait = wait_exponential(multiplier=backoff_ms / 1000, min=backoff_ms / 1000,
                                       max=backoff_max_ms / 1000)
@@ -89,6 +118,10 @@ class OffsetCommitter:
     def committed(self) -> OffsetCommit | None:
         """The newest commit that reached the broker."""
         return self._committed
+
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        """Count on `registry` from now on."""
+        self.metrics = KafkaSourceMetrics.on(registry)
 
     def submit(self, checkpoint_id: int, offsets: Mapping[str, int]) -> None:
         with self._cond:
@@ -143,7 +176,7 @@ class OffsetCommitter:
         if request is None:
             return
         self._commit(request.offsets)
-        OFFSET_COMMITS.labels(self.group_id).inc()
+        self.metrics.offset_commits.labels(self.group_id).inc()
         with self._cond:
             self._committed = request
             if self._pending is request:
@@ -152,7 +185,7 @@ class OffsetCommitter:
 
     def _on_failure(self, state: RetryCallState) -> None:
         self.failed_attempts += 1
-        OFFSET_COMMIT_FAILURES.labels(self.group_id).inc()
+        self.metrics.offset_commit_failures.labels(self.group_id).inc()
         error = state.outcome.exception() if state.outcome else None
         pending = self._pending
         self._warn.warning(
@@ -408,6 +441,7 @@ class KafkaSource(Source):
         self._data_loss_log = RateLimitedLog(log, 60.0)
         self._unreachable_log = RateLimitedLog(log, 60.0)
         self._end_offsets: Positions | None = None   # bounded: where this run stops
+        self._metrics_registry: CollectorRegistry | None = None   # None: the global one
         self._last_high: dict[str, int] = {}          # last stable offsets seen by plan()
 
     @property
@@ -431,7 +465,8 @@ class KafkaSource(Source):
                                                     timeout_ms / 1000)
             self._committer = OffsetCommitter(
                 self.group_id, self._offset_writer, backoff_ms=backoff,
-                backoff_max_ms=backoff_max, log_interval_s=log_interval)
+                backoff_max_ms=backoff_max, log_interval_s=log_interval,
+                metrics=KafkaSourceMetrics.on(self._metrics_registry))
 
     def close(self) -> None:
         if self._committer is not None:
@@ -450,6 +485,15 @@ class KafkaSource(Source):
     @property
     def committer(self) -> OffsetCommitter | None:
         return self._committer
+
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        """Put this source's metrics (`sparkpoint_kafka_offset_commit_failures_total`,
+        `sparkpoint_kafka_offset_commits_total`) on `registry`, the one the job exports.
+        Callable before or after `open`; unbound, they go to prometheus_client's global
+        registry."""
+        self._metrics_registry = registry
+        if self._committer is not None:
+            self._committer.bind_metrics(registry)
 
     # -- positions ------------------------------------------------------------------------
     def initial_positions(self) -> Positions:
@@ -495,6 +539,8 @@ class KafkaSource(Source):
             pos = int(pos)
             if pos < low:
                 pos = self._on_data_loss(s, pos, low)
+            elif pos > high:
+                pos = self._on_position_past_end(s, pos, low, high)
             start[s] = pos
             end[s] = max(pos, min(high, pos + self.max_records))
         self._last_high = {s: marks[s][1] for s in positions}
@@ -524,7 +570,15 @@ class KafkaSource(Source):
                 return False
             log.info("Kafka source %s (bounded): this run stops at offsets %s", self.name,
                      self._end_offsets)
-        return all(int(positions.get(s, 0)) >= end for s, end in self._end_offsets.items())
+        for s, end in self._end_offsets.items():
+            pos = int(positions.get(s, 0))
+            if pos < end:
+                return False
+            if pos > end and pos > self._last_high.get(s, end):
+                # Past where this run first looked and not yet checked by plan(): maybe
+                # a recreated or truncated partition; plan() reports it (data loss).
+                return False
+        return True
 
     def notify_checkpoint_complete(self, checkpoint_id: int, positions: Positions) -> None:
         try:
@@ -628,13 +682,33 @@ class KafkaSource(Source):
                 for s, tp in zip(splits, found)}
 
     def _on_data_loss(self, split: str, position: int, earliest: int) -> int:
-        message = (f"Kafka source {self.name}: records {position}..{earliest - 1} of {split} were "
-                   "deleted (retention) before they were read")
+        message = (f"Kafka source {self.name}: records {position}..{earliest - 1} of {split} "
+                   f"({earliest - position} records) were deleted (retention) before they were read")
         if self.fail_on_data_loss:
-            raise KafkaConnectorError(message + "; raise the topic's retention, or pass "
-                                      "fail_on_data_loss=False to skip them")
+            raise KafkaDataLossError(message + "; raise the topic's retention, or pass "
+                                     "fail_on_data_loss=False to skip them")
         self._data_loss_log.warning(message + "; skipping them (fail_on_data_loss=False)")
         return earliest
+
+    def _on_position_past_end(self, split: str, position: int, earliest: int, end: int) -> int:
+        """The checkpointed position is above the partition's end: the offsets this job
+        read up to are gone. Spark's failOnDataLoss semantics: fail, or go on from the
+        partition's current end."""
+        what = (f"Kafka source {self.name}: the checkpointed position {position} of {split} is "
+                f"above the partition's end {end} (it now holds offsets [{earliest}, {end})): the "
+                "topic was deleted and recreated, or its log was truncated (e.g. an unclean leader "
+                f"election); {position - end} offsets [{end}, {position}) the job had reached no "
+                "longer exist")
+        if self.fail_on_data_loss:
+            raise KafkaDataLossError(
+                what + ". Nothing was skipped. To go on from the partition's current end (offset "
+                f"{end}, not reading the {end - earliest} records it now holds), run with "
+                "fail_on_data_loss=False; to read the topic anew from `starting`, start the job "
+                "without its checkpoints (another checkpoint directory or job name)")
+        log.warning("%s. Continuing from offset %d, the partition's end (fail_on_data_loss=False): "
+                    "the %d records now in [%d, %d) are skipped (if the topic was recreated, they "
+                    "were never read)", what, end, end - earliest, earliest, end)
+        return end
 
 
 def _spark_has_kafka_connector(spark: Any) -> bool:

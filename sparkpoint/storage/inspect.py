@@ -99,15 +99,24 @@ def _read_metadata(fs: StorageFS, layout: JobLayout, checkpoint_id: int
     return data, None
 
 
+def _file_entries(data: CompletedCheckpointData) -> tuple[list[FileEntry], str | None]:
+    """The checkpoint's state file entries, or the reason its handles cannot be read:
+    one damaged checkpoint is a finding, never a crash of the whole report."""
+    try:
+        return checkpoint_file_entries(data.handles), None
+    except CorruptCheckpointError as e:
+        return [], f"its handles cannot be read: {e}"
+
+
 def list_checkpoints(fs: StorageFS, layout: JobLayout) -> list[CheckpointSummary]:
     summaries = []
     for checkpoint_id in list_checkpoint_ids(fs, layout):
         data, problem = _read_metadata(fs, layout, checkpoint_id)
         if data is not None:
-            entries = checkpoint_file_entries(data.handles)
+            entries, problem = _file_entries(data)
             summaries.append(CheckpointSummary(
                 checkpoint_id, True, data.trigger_timestamp_ms, data.completion_timestamp_ms,
-                sum(max(e.size, 0) for e in entries), len(entries)))
+                sum(max(e.size, 0) for e in entries), len(entries), problem))
         else:
             files = fs.find(layout.checkpoint(checkpoint_id))
             summaries.append(CheckpointSummary(checkpoint_id, False, None, None,
@@ -149,8 +158,9 @@ def verify_checkpoints(fs: StorageFS, layout: JobLayout, checkpoint_ids: Iterabl
             results.append(VerifyResult(checkpoint_id, False, 0,
                                         [problem or "no _metadata: the checkpoint never completed"]))
             continue
-        entries = checkpoint_file_entries(data.handles)
-        problems = [p for p in (_verify_file(fs, layout, e, hash_files) for e in entries) if p]
+        entries, problem = _file_entries(data)
+        problems = [problem] if problem else []
+        problems += [p for p in (_verify_file(fs, layout, e, hash_files) for e in entries) if p]
         results.append(VerifyResult(checkpoint_id, not problems, len(entries), problems))
     return results
 
@@ -266,7 +276,7 @@ def _orphan_findings(fs: StorageFS, layout: JobLayout, summaries: list[Checkpoin
     for s in completed:
         data, _ = _read_metadata(fs, layout, s.checkpoint_id)
         if data is not None:
-            referenced |= {e.path for e in checkpoint_file_entries(data.handles)}
+            referenced |= {e.path for e in _file_entries(data)[0]}
     orphans = [f for f in fs.find(layout.shared) if layout.relative(f.path) not in referenced]
     if orphans:
         findings.append(Finding(

@@ -203,3 +203,71 @@ def test_a_missing_output_topic_refuses_to_start_with_a_clear_error(kafka, make_
 
     with pytest.raises(ConfigError, match="output topic 'no-such-topic' does not exist"):
         make_sink("no-such-topic")
+
+
+def test_a_fenced_run_commits_again_after_its_failover_recover(kafka, new_topic, make_sink):
+    """Defect 8: recover() used to fence the other producer and then raise 'fenced' on
+    every restore, so with unlimited restarts the job looped while every commit failed."""
+    topic = new_topic(partitions=1)
+    first = make_sink(topic)
+    first.recover(None)
+    first.write_epoch(1, rows("a"))
+    handle = first.pre_commit(1)
+    other = make_sink(topic)
+    other.recover(handle)                     # takes the transactional id over
+    first.write_epoch(2, rows("lost"))
+    with pytest.raises(KafkaConnectorError, match="fenced"):
+        first.commit(first.pre_commit(2))
+
+    first.recover(handle)                     # the failover: restore the last checkpoint
+    first.write_epoch(2, rows("b"))
+    first.commit(first.pre_commit(2))
+    first.write_epoch(3, rows("c"))
+    first.commit(first.pre_commit(3))
+
+    assert published(kafka, topic) == [b"a", b"b", b"c"]
+
+
+def test_a_transaction_timeout_the_brokers_refuse_is_a_non_retryable_config_error(kafka, new_topic, tmp_path):
+    """An error no restart cures must not become a failover loop."""
+    from sparkpoint.errors import ConfigError
+
+    topic = new_topic(partitions=1)
+    sink = KafkaSink(kafka.bootstrap_servers, topic, staging_dir=str(tmp_path / "staging"),
+                     transaction_timeout_s=3600)   # brokers allow 900 s by default
+    sink.open("job")
+    with pytest.raises(ConfigError, match="transaction.max.timeout.ms"):
+        sink.recover(None)
+
+
+@pytest.mark.parametrize("damage", ["missing", "flipped"])
+def test_a_damaged_staged_file_makes_recover_fall_back_cleanly(kafka, new_topic, make_sink, damage):
+    """Defect 11: CorruptCheckpointError naming the file, no transaction left open, and
+    the older checkpoint the runtime falls back to restores and publishes."""
+    from sparkpoint.errors import CorruptCheckpointError
+
+    topic = new_topic(partitions=1)
+    crashed = make_sink(topic)
+    crashed.recover(None)
+    crashed.write_epoch(1, rows("a"))
+    older = crashed.pre_commit(1)
+    crashed.write_epoch(2, rows("b"))
+    crashed.write_epoch(3, rows("c"))
+    latest = crashed.pre_commit(3)
+    victim = latest["segments"][1]["staged"][1]["name"]
+    path = f"{crashed._dir}/{victim}"
+    if damage == "missing":
+        crashed._fs.rm(path)
+    else:
+        data = crashed._fs.read_bytes(path)
+        crashed._fs.write_atomic(path, data[:-1] + bytes([data[-1] ^ 1]))
+
+    restored = make_sink(topic)
+    with pytest.raises(CorruptCheckpointError, match=victim):
+        restored.recover(latest)
+    restored.recover(older)
+
+    assert published(kafka, topic) == [b"a"]
+    restored.write_epoch(2, rows("b2"))
+    restored.commit(restored.pre_commit(3))
+    assert published(kafka, topic) == [b"a", b"b2"]

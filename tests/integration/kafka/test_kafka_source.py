@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 
 from kafka_support import FAST_RECONNECT, KafkaTestClient
 from sparkpoint.connectors.base import SourceContext
-from sparkpoint.connectors.kafka_source import KafkaSource
+from sparkpoint.connectors.kafka_source import KafkaDataLossError, KafkaSource
 from sparkpoint.errors import ConfigError
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -181,3 +181,56 @@ def test_offsets_are_committed_to_the_group_only_after_checkpoint_completion(spa
 def test_committed_start_needs_a_group():
     with pytest.raises(ConfigError, match="group_id"):
         KafkaSource("127.0.0.1:1", "t", starting="committed")
+
+
+def _source_without_spark(kafka: KafkaTestClient, topic: str, **kw) -> KafkaSource:
+    source = KafkaSource(kafka.bootstrap_servers, topic, client_config=FAST_RECONNECT,
+                         reader="confluent", **kw)
+    source.open(SourceContext(spark=None, job_name="kafka-test"))   # plan() needs no Spark
+    return source
+
+
+def test_a_position_above_the_partitions_end_is_data_loss_not_a_silent_skip(kafka, new_topic):
+    """Defect 9: a checkpointed position past the end (topic deleted and recreated, log
+    truncated) used to plan empty epochs forever, even with fail_on_data_loss=True."""
+    from sparkpoint.errors import ConfigError
+
+    topic = new_topic(partitions=2)
+    kafka.produce(topic, records(10, 2))          # 5 records per partition
+    checkpointed = {f"{topic}:0": 3, f"{topic}:1": 40}   # partition 1 held 40 before
+    source = _source_without_spark(kafka, topic)
+
+    with pytest.raises(KafkaDataLossError) as raised:
+        source.plan(checkpointed)
+    message = str(raised.value)
+    assert f"{topic}:1" in message and "40" in message and "recreated" in message
+    assert "fail_on_data_loss=False" in message
+    assert isinstance(raised.value, ConfigError)   # not retryable: a restart hits it again
+    source.close()
+
+
+def test_a_position_above_the_end_is_skipped_with_a_counted_warning_when_allowed(kafka, new_topic, caplog):
+    topic = new_topic(partitions=1)
+    kafka.produce(topic, records(5, 1))
+    source = _source_without_spark(kafka, topic, fail_on_data_loss=False)
+
+    with caplog.at_level("WARNING", logger="sparkpoint.connectors.kafka_source"):
+        plan = source.plan({f"{topic}:0": 40})
+
+    assert plan.start == {f"{topic}:0": 5} and plan.empty       # on from the partition's end
+    [warning] = [r.getMessage() for r in caplog.records if "above" in r.getMessage()]
+    assert "35 offsets" in warning and "5 records" in warning
+    kafka.produce(topic, [(0, None, b"new")])
+    assert source.plan(dict(plan.end)).end == {f"{topic}:0": 6}
+    source.close()
+
+
+def test_a_bounded_source_does_not_finish_silently_on_a_position_above_the_end(kafka, new_topic):
+    topic = new_topic(partitions=1)
+    kafka.produce(topic, records(5, 1))
+    source = _source_without_spark(kafka, topic, bounded=True)
+
+    assert not source.is_exhausted({f"{topic}:0": 40})   # plan() then reports the loss
+    with pytest.raises(KafkaDataLossError):
+        source.plan({f"{topic}:0": 40})
+    source.close()

@@ -88,3 +88,72 @@ def test_doctor_names_a_broken_latest_checkpoint_and_the_fallback(storage: FsChe
     broken = next(f for f in report.findings if f.code == "checkpoint-invalid")
     assert broken.severity is Severity.ERROR and "shared/b.sst is missing" in broken.message
     assert "chk-1" in broken.what_to_do
+
+
+# -- handles of other participants that use a "files" key (defect 10) -----------------
+def _file_source_checkpoint(storage: FsCheckpointStorage, checkpoint_id: int, positions: dict):
+    from storage_support import put
+
+    from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
+
+    location = storage.initialize_location(checkpoint_id)
+    entry = put(storage.fs, storage.layout, f"shared/state/{checkpoint_id}.sst", b"state")
+    data = CompletedCheckpointData(
+        job_name=storage.job_name, checkpoint_id=checkpoint_id, trigger_timestamp_ms=1_000,
+        completion_timestamp_ms=1_005,
+        handles={"job": {"epoch": 3}, "source:files": {"positions": positions},
+                 "state:counts/0": {"kind": "rocksdb", "files": [entry]},
+                 # a sink's own staged files (relative to its output, not the job): not ours
+                 "sink:out": {"files": [{"path": "_staging/epoch=3/part-0.parquet", "size": 9,
+                                         "sha256": "0" * 64}]}})
+    storage.commit_metadata(location, data)
+    return data
+
+
+def test_a_file_source_checkpoint_goes_through_the_file_walker_and_inspection(
+        storage: FsCheckpointStorage, clock: ManualClock, tmp_path) -> None:
+    """FileSource's positions used to be {"files": [names]}: the walker read each name as
+    a state file entry, so `checkpoints list/verify`, `doctor` and discard_completed (after
+    deleting `_metadata`) raised on every FileSource job."""
+    from sparkpoint.connectors.files import FileSource
+    from sparkpoint.storage.handles import checkpoint_file_entries, iter_file_entries
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "a.json").write_text("{}")
+    source = FileSource(str(inbox), schema="v string")
+    current = source.plan(source.initial_positions()).end
+    assert "files" not in current                      # no collision with the handle convention
+    legacy = {"files": ["a.json", "b.json"]}           # what checkpoints of older runs hold
+    first = _file_source_checkpoint(storage, 1, legacy)
+    second = _file_source_checkpoint(storage, 2, current)
+
+    for data in (first, second):
+        assert list(iter_file_entries(data.handles["source:files"])) == []
+        assert [e.path for e in checkpoint_file_entries(data.handles)] == [
+            f"shared/state/{data.checkpoint_id}.sst"]
+    rows = list_checkpoints(storage.fs, storage.layout)
+    assert [(r.checkpoint_id, r.completed, r.file_count, r.problem) for r in rows] == [
+        (1, True, 1, None), (2, True, 1, None)]
+    assert all(r.ok for r in verify_checkpoints(storage.fs, storage.layout))
+    report = doctor(storage.fs, storage.layout, clock=clock, hash_files=True)
+    assert report.healthy, report.findings
+
+    storage.discard_completed(1, still_referenced=list(second.handles.values()))
+    assert not storage.fs.exists(storage.layout.checkpoint(1))
+    assert not storage.fs.exists(storage.layout.join("shared/state/1.sst"))
+    assert storage.fs.exists(storage.layout.join("shared/state/2.sst"))
+
+
+def test_a_file_source_resumes_from_positions_of_older_runs(tmp_path) -> None:
+    from sparkpoint.connectors.files import FileSource
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for name in ("a.json", "b.json"):
+        (inbox / name).write_text("{}")
+    source = FileSource(str(inbox), schema="v string")
+    plan = source.plan({"files": ["a.json"]})
+    assert sorted(set(*plan.end.values()) - set(*plan.start.values())) == ["b.json"]
+    assert source.lag({"files": ["a.json"]}) == {next(iter(plan.end)): 1}
+    assert source.plan(plan.end).empty

@@ -1,0 +1,285 @@
+"""KafkaSink without a broker: fake producers and marker consumers stand in for
+librdkafka, so interleavings between the epoch loop and the committer thread, hung
+librdkafka calls and crafted handles can be played deterministically."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sparkpoint.connectors import kafka_sink as kafka_sink_module
+from sparkpoint.connectors.kafka_sink import KafkaSink
+from sparkpoint.errors import CorruptCheckpointError, KafkaConnectorError
+
+
+class FakeProducer:
+    """The transactional producer API the sink uses; records what was committed."""
+
+    def __init__(self, broker: "FakeBroker"):
+        self.broker = broker
+        self.open: list[tuple[Any, Any]] = []
+        self.in_transaction = False
+
+    def init_transactions(self, _timeout: float) -> None:
+        self.broker.inits += 1
+
+    def begin_transaction(self) -> None:
+        assert not self.in_transaction
+        self.in_transaction = True
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, **_kw: Any) -> None:
+        assert self.in_transaction
+        self.open.append((key, value))
+
+    def poll(self, _timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, _timeout: float = 0) -> int:
+        return 0
+
+    def purge(self, *_args: Any) -> None:
+        self.open = []
+
+    def send_offsets_to_transaction(self, marker: list[Any], _metadata: Any, _timeout: float) -> None:
+        self.broker.before_marker(self)
+        self.pending_marker = marker[0].offset
+
+    def commit_transaction(self, _timeout: float = 0) -> None:
+        self.broker.published.extend(v for _, v in self.open)
+        self.broker.marker = self.pending_marker
+        self.open, self.in_transaction = [], False
+
+    def abort_transaction(self, _timeout: float = 0) -> None:
+        self.open, self.in_transaction = [], False
+
+
+class FakeMarkerConsumer:
+    def __init__(self, broker: "FakeBroker"):
+        self.broker = broker
+        self.closed = False
+
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+    def committed(self, partitions: list[Any], timeout: float = 0) -> list[Any]:
+        from confluent_kafka import TopicPartition
+
+        tp = partitions[0]
+        return [TopicPartition(tp.topic, tp.partition, self.broker.marker)]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeBroker:
+    def __init__(self) -> None:
+        self.published: list[bytes] = []
+        self.marker = -1001
+        self.inits = 0
+        self.producers: list[FakeProducer] = []
+        self.consumers: list[FakeMarkerConsumer] = []
+
+    def before_marker(self, producer: FakeProducer) -> None:
+        """Hook: where a test makes send_offsets_to_transaction hang."""
+
+
+@pytest.fixture
+def broker() -> FakeBroker:
+    return FakeBroker()
+
+
+@pytest.fixture
+def make_sink(broker: FakeBroker, tmp_path, monkeypatch):
+    monkeypatch.setattr(KafkaSink, "_check_topic_exists", lambda self, timeout_s=10.0: None)
+
+    def producer(self: KafkaSink, transactional: bool) -> FakeProducer:
+        p = FakeProducer(broker)
+        broker.producers.append(p)
+        return p
+
+    def marker_consumer(self: KafkaSink) -> FakeMarkerConsumer:
+        c = FakeMarkerConsumer(broker)
+        broker.consumers.append(c)
+        return c
+
+    monkeypatch.setattr(KafkaSink, "_make_producer", producer)
+    monkeypatch.setattr(KafkaSink, "_make_marker_consumer", marker_consumer)
+
+    def make(**kw: Any) -> KafkaSink:
+        sink = KafkaSink("fake:9092", "out", staging_dir=str(tmp_path / "staging"),
+                         transaction_timeout_s=0.2, **kw)
+        sink.open("job")
+        return sink
+    return make
+
+
+def rows(*values: str) -> pa.Table:
+    return pa.table({"value": list(values)})
+
+
+# -- defect 5: the sealed segments are shared by the epoch loop and the committer --------
+class PausingList(list):
+    """A list whose iteration takes a snapshot, then waits: the committer thread's
+    read-filter-assign of the sealed segments is paused between its read and its
+    assignment, where the epoch loop's append used to get lost."""
+
+    def __init__(self, items: list, reading: threading.Event, go: threading.Event):
+        super().__init__(items)
+        self.reading, self.go = reading, go
+
+    def __iter__(self):
+        snapshot = list.copy(self)
+        self.reading.set()
+        self.go.wait(5)
+        return iter(snapshot)
+
+
+def test_sealed_segment_appended_while_the_committer_forgets_published_ones_is_kept(make_sink, broker):
+    sink = make_sink()
+    sink.recover(None)
+    sink.write_epoch(1, rows("a"))
+    first = sink.pre_commit(1)
+    reading, go = threading.Event(), threading.Event()
+    sink._sealed = PausingList(sink._sealed, reading, go)
+
+    committer = threading.Thread(target=sink.commit, args=(first,))
+    committer.start()
+    assert reading.wait(5)                       # the committer is inside its update
+    sink.write_epoch(2, rows("b"))
+    handles: list[Any] = []
+    epoch_loop = threading.Thread(target=lambda: handles.append(sink.pre_commit(2)))
+    epoch_loop.start()
+    epoch_loop.join(0.3)                         # with a lock it waits for the committer
+    go.set()
+    committer.join(5)
+    epoch_loop.join(5)
+
+    assert 2 in [s["checkpoint_id"] for s in handles[0]["segments"]]
+    later = sink.pre_commit(3)                   # the segment of 2 must still be sealed
+    assert [s["checkpoint_id"] for s in later["segments"]] == [2, 3]
+    sink.commit(later)
+    assert broker.published == [b"a", b"b"]
+
+
+# -- defect 15: a hung marker call leaks a producer and a thread each time --------------
+def test_marker_time_outs_do_not_leak_a_producer_and_thread_each(make_sink, broker, monkeypatch):
+    monkeypatch.setattr(kafka_sink_module, "_MARKER_GRACE_S", 0.05)
+    release = threading.Event()
+    broker.before_marker = lambda producer: release.wait(30)   # librdkafka #5456: ignores its timeout
+    sink = make_sink()
+    sink.recover(None)
+    sink.write_epoch(1, rows("a"))
+    handle = sink.pre_commit(1)
+
+    for _ in range(6):
+        with pytest.raises(KafkaConnectorError):
+            sink.commit(handle)
+
+    stuck = [t for t in threading.enumerate() if t.name.startswith("kafka-sink-marker") and t.is_alive()]
+    assert len(stuck) <= 2                       # bounded, not one per time-out
+    assert len(broker.producers) <= 3
+    release.set()
+    for t in stuck:
+        t.join(5)
+    broker.before_marker = lambda producer: None
+    sink.commit(handle)                          # once they returned, commits work again
+    assert broker.published == [b"a"]
+    assert sink._stuck == []
+
+
+def test_recover_closes_the_marker_consumer_it_replaces(make_sink, broker):
+    sink = make_sink()
+    sink.recover(None)
+    sink.recover(None)
+    assert [c.closed for c in broker.consumers] == [True, False]
+
+
+# -- defect 15: staged file names from a handle are validated ----------------------------
+def _crafted_handle(sink: KafkaSink, name: str, data: bytes) -> dict[str, Any]:
+    handle = dict(sink.pre_commit(1))
+    handle["segments"] = [{"checkpoint_id": 1, "staged": [
+        {"name": name, "rows": 1, "sha256": hashlib.sha256(data).hexdigest()}]}]
+    return handle
+
+
+@pytest.mark.parametrize("name", ["../../../victim.arrow", "/etc/victim.arrow", "sub/epoch-1.arrow", "..", ""])
+def test_a_crafted_staged_name_cannot_make_recover_touch_files_outside_staging(make_sink, broker, tmp_path, name):
+    import io
+
+    import pyarrow.ipc as ipc
+
+    table = pa.table({"key": pa.array([None], pa.binary()), "value": pa.array([b"x"], pa.binary())})
+    buf = io.BytesIO()
+    with ipc.new_stream(buf, table.schema) as w:
+        w.write_table(table)
+    data = buf.getvalue()
+    victim = tmp_path / "victim.arrow"
+    victim.write_bytes(data)
+    sink = make_sink()
+    sink.recover(None)
+    handle = _crafted_handle(sink, name, data)
+
+    restored = make_sink()
+    with pytest.raises(CorruptCheckpointError, match="staged file name"):
+        restored.recover(handle)
+    assert victim.read_bytes() == data
+    assert broker.published == []
+
+
+# -- defect 11: staged files are verified before anything is published -------------------
+@pytest.mark.parametrize("damage", ["missing", "truncated", "flipped"])
+def test_a_damaged_staged_file_of_the_restored_checkpoint_is_a_corrupt_checkpoint(make_sink, broker, damage):
+    crashed = make_sink()
+    crashed.recover(None)
+    crashed.write_epoch(1, rows("a"))
+    crashed.write_epoch(2, rows("b"))
+    handle = crashed.pre_commit(1)
+    victim = handle["segments"][0]["staged"][1]["name"]
+    path = f"{crashed._dir}/{victim}"
+    data = crashed._fs.read_bytes(path)
+    if damage == "missing":
+        crashed._fs.rm(path)
+    elif damage == "truncated":
+        crashed._fs.write_atomic(path, data[:-7])
+    else:
+        crashed._fs.write_atomic(path, data[:-1] + bytes([data[-1] ^ 1]))
+
+    restored = make_sink()
+    with pytest.raises(CorruptCheckpointError, match=victim):
+        restored.recover(handle)
+    assert broker.published == []
+    assert all(not p.in_transaction for p in broker.producers)   # nothing left open
+
+    fallback = make_sink()                     # the runtime falls back to an older checkpoint
+    fallback.recover(None)
+    fallback.write_epoch(1, rows("a"))
+    fallback.commit(fallback.pre_commit(1))
+    assert broker.published == [b"a"]
+
+
+def test_an_unreadable_commit_record_does_not_crash_loop_recover(make_sink, broker):
+    sink = make_sink()
+    sink.recover(None)
+    sink.write_epoch(1, rows("a"))
+    handle = sink.pre_commit(1)
+    sink.commit(handle)
+    sink._fs.write_atomic(f"{sink._dir}/_committed.json", b"{not json")
+
+    restored = make_sink()
+    restored.recover(handle)                   # the marker answers: already published
+    assert broker.published == [b"a"]
+    assert restored.last_committed_checkpoint == 1
+
+
+def test_staged_files_record_their_size(make_sink):
+    sink = make_sink()
+    sink.recover(None)
+    sink.write_epoch(1, rows("a"))
+    [staged] = sink.pre_commit(1)["segments"][0]["staged"]
+    assert staged["size"] == sink._fs.size(f"{sink._dir}/{staged['name']}")
+    assert json.loads(json.dumps(staged)) == staged
