@@ -93,6 +93,10 @@ class Source(ABC):
         """Records behind per split, for progress and metrics (best effort)."""
         return {}
 
+    def bind_metrics(self, registry: Any) -> None:
+        """Register the source's metrics on the job's Prometheus registry (the one the
+        metrics endpoint serves). Default: the source has none."""
+
     def notify_checkpoint_complete(self, checkpoint_id: int, positions: Positions) -> None:
         """The checkpoint holding `positions` is durable (e.g. commit offsets to a
         consumer group). Must never raise into the job."""

@@ -153,6 +153,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
             self.coordinator.alarms.register(WebhookAlarmListener(s.alarm_webhook))
         if s.checkpointing_enabled:
             self.status.add_listener(lambda old, new, err: self.coordinator.job_status_changed(new.value))
+        self.source.bind_metrics(self.coordinator.stats.registry)
         self.progress = ProgressReporter(self, enabled=s.progress, interval_ms=s.progress_interval_ms)
         if s.metrics_port:
             from prometheus_client import start_http_server

@@ -90,7 +90,7 @@ def test_file_source_reads_new_files_once_and_resumes_from_positions(spark, tmp_
     plan = src.plan(pos)
     assert sorted(r.key for r in src.read(plan).collect()) == [1, 2, 3]  # two files per epoch
     pos = json.loads(json.dumps(plan.end))  # positions survive a JSON round trip (checkpoint metadata)
-    assert src.lag(pos) == {"files": 1}
+    assert src.lag(pos) == {"dir": 1}
     plan2 = FileSource(str(inbox), format="json", schema="key BIGINT, value BIGINT").plan(pos)
     src2 = FileSource(str(inbox), format="json", schema="key BIGINT, value BIGINT")
     src2.open(SourceContext(spark, "files"))
