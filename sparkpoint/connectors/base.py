@@ -125,6 +125,19 @@ class Sink(ABC):
     def open(self, job_name: str) -> None:
         pass
 
+    @property
+    def location(self) -> str | None:
+        """Where committed output is read (shown to the user); None if not a place."""
+        return None
+
+    def use_job_storage(self, staging_dir: str, options: Mapping[str, Any]) -> None:
+        """The runtime offers a durable directory beside the job's checkpoints for sinks
+        that stage rows between pre-commit and commit. Default: not needed."""
+
+    def committed_epochs(self) -> list[int]:
+        """Epochs whose output is committed (to refuse mixing two runs' output)."""
+        return []
+
     def epoch_writer(self) -> EpochWriter | None:
         """The executor-side writer, or None to receive rows on the driver (`write_epoch`)."""
         return None

@@ -206,6 +206,15 @@ class KafkaSink(Sink):
     def last_committed_checkpoint(self) -> int:
         return self._last_committed
 
+    @property
+    def location(self) -> str | None:
+        return f"kafka topic {self.topic}"
+
+    def use_job_storage(self, staging_dir: str, options: Mapping[str, Any]) -> None:
+        if self.staging_dir is None:  # an explicit staging_dir wins
+            self.staging_dir = staging_dir
+            self.staging_options = self.staging_options or dict(options)
+
     def open(self, job_name: str) -> None:
         self._job_name = job_name
         if self.mode == "exactly_once":

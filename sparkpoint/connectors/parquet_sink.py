@@ -175,6 +175,10 @@ class ParquetSink(Sink):
         return f"{self.root}/{relative}"
 
     # -- lifecycle ---------------------------------------------------------------------
+    @property
+    def location(self) -> str | None:
+        return self.path
+
     def open(self, job_name: str) -> None:
         if not supports_exclusive_create(self._storage.fs):
             raise ConfigError(f"sink {self.name}: output {self.path} is on {_protocol(self._storage)}://, which "

@@ -168,12 +168,10 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         # Executors open checkpoint storage themselves (state files never pass the driver).
         self.storage_ref = StorageRef(url, self.job_name, dict(s.storage_options), tuple(s.faults))
         self.output_step = OutputStep(tuple(self.pipeline.output_maps), self.sink.epoch_writer())
-        if getattr(self.sink, "staging_dir", False) is None:
-            # Sinks that stage rows durably between pre-commit and commit (Kafka) keep
-            # them beside the job's checkpoints unless told otherwise.
-            self.sink.staging_dir = f"{s.checkpoint_dir.rstrip('/')}/{self.job_name}/sinks/{self.sink.name}"
-            if hasattr(self.sink, "staging_options") and not self.sink.staging_options:
-                self.sink.staging_options = dict(s.storage_options)
+        # Sinks that stage rows durably between pre-commit and commit (Kafka) keep them
+        # beside the job's checkpoints unless told otherwise.
+        self.sink.use_job_storage(f"{s.checkpoint_dir.rstrip('/')}/{self.job_name}/sinks/{self.sink.name}",
+                                  dict(s.storage_options))
         self.source.open(SourceContext(self._spark, self.job_name))
         self.sink.open(self.job_name)
 
@@ -301,7 +299,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         latest = self.coordinator.completed_store.latest()
         return JobResult(self.status.status, self.epoch + 1, self.records,
                          latest.checkpoint_id if latest else None, self.restarts,
-                         getattr(self.sink, "path", None), self.storage.layout.root,
+                         self.sink.location, self.storage.layout.root,
                          failed_checkpoints=int(stats.get("counted_failed", 0)),
                          completed_checkpoints=int(stats.get("completed", 0)),
                          extra={"stats": stats, "state": self.lineages.stats.to_json() if self.lineages else None})

@@ -61,10 +61,10 @@ class RestoreSteps:
 
     def _start_fresh(self) -> None:
         if not self.coordinator.completed_store.all():
-            committed = getattr(self.sink, "committed_epochs", lambda: [])()
+            committed = self.sink.committed_epochs()
             if committed and self.settings.restore_mode != "empty":
                 raise ConfigError(
-                    f"the sink output {getattr(self.sink, 'path', '')} already holds committed output of "
+                    f"the sink output {self.sink.location} already holds committed output of "
                     f"{len(committed)} epoch(s), but job {self.job_name} has no checkpoint in "
                     f"{self.storage.layout.root}: starting would mix two runs' output. Use an empty output directory, "
                     f"or the checkpoint directory of the run that wrote it")
@@ -107,12 +107,12 @@ class RestoreSteps:
 
     def _restored_state_ready(self) -> None:
         """The first epoch after a restore is done: every subtask holds its state."""
-        if getattr(self, "_restoring", False):
+        if self._restoring:
             self._restoring = False
             self.gateway.set_restoring([])
 
     def _before_first_epoch_after_restore(self) -> None:
-        if getattr(self, "_restoring", False) and self.operator is not None:
+        if self._restoring and self.operator is not None:
             for i in range(self.P):
                 self.faults.before_restore(self.state_participant(i))  # rehearsal: a slow restore
 
