@@ -76,6 +76,7 @@ class RestoreSteps:
         self.restored_from = None
         self._restoring = False
         self.positions = self.source.initial_positions()
+        self.storage.lease.check()  # a fenced run must not touch the sink's staged output
         self.sink.recover(None)
         why = ("no completed checkpoint in " + self.storage.layout.root if not self._bad_checkpoints else
                f"restore.mode=empty and none of the completed checkpoints restores: {sorted(self._bad_checkpoints)}")
@@ -99,6 +100,7 @@ class RestoreSteps:
         self.max_event_time = job.get("max_event_time")
         self.restored_from = data.checkpoint_id
         self.positions = dict(handles[self.source_participant]["positions"])
+        self.storage.lease.check()  # a fenced run must not touch the sink's staged output
         self.sink.recover(handles.get(self.sink_participant))
         log.info("job %s restores checkpoint %d (epoch %d)", self.job_name, data.checkpoint_id, self.epoch)
         taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data.completion_timestamp_ms / 1000))

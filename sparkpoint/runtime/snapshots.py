@@ -99,6 +99,7 @@ class SnapshotSteps:
         commit source offsets."""
         sink_handle = data.handles.get(self.sink_participant)
         if sink_handle is not None:
+            self.storage.lease.check()  # publish only while this run may act for the job
             self.sink.commit(sink_handle)
         src = data.handles.get(self.source_participant)
         if src is not None:
