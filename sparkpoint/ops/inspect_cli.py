@@ -5,29 +5,28 @@ itself; `--job NAME` picks one job under a root. Every report has `to_dict()` (f
 `--json`) and `render()` (for people: each finding says what to do); verify and doctor
 also have `ok`, which the CLI turns into the exit code (0 ok, 1 not).
 
-The checks themselves live in `sparkpoint.storage.inspect` (metadata, lease, ids,
-orphans) and `sparkpoint.state.snapshot.verify_snapshot` (every state file's size and
-sha256). Everything here only reads storage.
+The checks themselves live in `sparkpoint.storage.inspect`: `_metadata` is read by
+`sparkpoint.storage.metadata.read_completed` (as restore reads it), and every file of
+every handle is checked in place by `inspect.check_file` (size, then sha256), the same
+for `checkpoints verify` and `doctor`. Everything here only reads storage.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from sparkpoint.errors import CorruptCheckpointError, ForeignCheckpointError, StorageError
-from sparkpoint.state.snapshot import HANDLE_FORMAT, verify_snapshot
-from sparkpoint.storage import metadata
 from sparkpoint.storage.fs import StorageFS
-from sparkpoint.storage.handles import iter_file_entries
 from sparkpoint.storage.inspect import (
     CheckpointSummary,
     DoctorReport,
     Finding,
     Severity,
+    VerifyResult,
     doctor,
     list_checkpoints,
+    verify_checkpoints,
 )
 from sparkpoint.storage.layout import IDS_FILE, LEASE_FILE, JobLayout, parse_checkpoint_dir_name
 
@@ -188,55 +187,18 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _verify_one(j: JobDir, summary: CheckpointSummary) -> CheckpointVerification:
-    if not summary.completed:
-        if summary.problem:
-            return CheckpointVerification(summary.checkpoint_id, True, False, 0, [summary.problem])
-        return CheckpointVerification(summary.checkpoint_id, False, True, 0)
-    path = j.layout.metadata(summary.checkpoint_id)
-    try:
-        data = metadata.decode(j.fs.read_bytes(path), j.layout.job_name, path)
-    except (CorruptCheckpointError, ForeignCheckpointError, FileNotFoundError, StorageError) as e:
-        return CheckpointVerification(summary.checkpoint_id, True, False, 0, [str(e)])
-    problems: list[str] = []
-    checked = 0
-    for participant, handle in sorted(data.handles.items()):
-        try:
-            if isinstance(handle, Mapping) and handle.get("format") == HANDLE_FORMAT:
-                checked += len(handle.get("files") or [])
-                problems += [f"{participant}: {p.describe()}" for p in verify_snapshot(handle, j.fs, j.layout)]
-            else:
-                for entry in iter_file_entries(handle):
-                    checked += 1
-                    problem = _check_entry(j, entry.path, entry.size, entry.sha256)
-                    if problem:
-                        problems.append(f"{participant}: {problem}")
-        except (CorruptCheckpointError, StorageError) as e:
-            problems.append(f"{participant}: {e}")
-    return CheckpointVerification(summary.checkpoint_id, True, not problems, checked, problems)
-
-
-def _check_entry(j: JobDir, relative: str, size: int, sha256: str) -> str | None:
-    """Files of handles that are not state snapshots: same checks, read in place."""
-    try:
-        path = j.layout.resolve(relative)
-    except ValueError as e:
-        return str(e)
-    if not j.fs.exists(path):
-        return f"{relative}: missing"
-    actual = j.fs.size(path)
-    if size >= 0 and actual != size:
-        return f"{relative}: size mismatch, expected {size} bytes, found {actual}"
-    if sha256 and j.fs.sha256(path) != sha256:
-        return f"{relative}: checksum mismatch (damaged or overwritten)"
-    return None
+def _cli_result(r: VerifyResult) -> CheckpointVerification:
+    """A directory that never completed is skipped, not a failure: it is never restored from."""
+    if not r.completed:
+        return CheckpointVerification(r.checkpoint_id, False, True, 0)
+    return CheckpointVerification(r.checkpoint_id, True, r.ok, r.files_checked, list(r.problems))
 
 
 def verify_report(directory: str, job: str | None = None, storage_options: dict | None = None) -> VerifyReport:
     jobs = []
     for j in find_jobs(directory, job, storage_options):
         jobs.append(JobVerification(j.name, j.layout.root,
-                                    [_verify_one(j, s) for s in list_checkpoints(j.fs, j.layout)]))
+                                    [_cli_result(r) for r in verify_checkpoints(j.fs, j.layout, hash_files=True)]))
     return VerifyReport(directory, jobs, job)
 
 

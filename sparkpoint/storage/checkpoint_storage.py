@@ -118,13 +118,16 @@ class FsCheckpointStorage:
         chk_dir = self.layout.checkpoint(checkpoint_id)
         meta_path = self.layout.metadata(checkpoint_id)
         own_paths: set[str] = set()
-        if self.fs.exists(meta_path):
-            try:
-                data = metadata.decode(self.fs.read_bytes(meta_path), self.job_name, meta_path)
+        has_metadata = True
+        try:
+            data = metadata.read_completed(self.fs, self.layout, checkpoint_id)
+            has_metadata = data is not None
+            if data is not None:
                 own_paths = {e.path for e in checkpoint_file_entries(data.handles)}
-            except (CorruptCheckpointError, ForeignCheckpointError) as e:
-                log.warning("discarding chk-%d without reading its shared files (%s); startup gc "
-                            "removes those it leaves unreferenced", checkpoint_id, e)
+        except (CorruptCheckpointError, ForeignCheckpointError) as e:
+            log.warning("discarding chk-%d without reading its shared files (%s); startup gc "
+                        "removes those it leaves unreferenced", checkpoint_id, e)
+        if has_metadata:
             # Removing `_metadata` first makes the checkpoint "not completed" at once.
             self.fs.rm(meta_path)
         keep = referenced_paths(still_referenced)
@@ -157,21 +160,13 @@ class FsCheckpointStorage:
     def load_completed(self) -> list[CompletedCheckpointData]:
         completed = []
         for checkpoint_id in self.checkpoint_ids():
-            meta_path = self.layout.metadata(checkpoint_id)
-            if not self.fs.exists(meta_path):
-                continue
             try:
-                data = metadata.decode(self.fs.read_bytes(meta_path), self.job_name, meta_path)
-            except FileNotFoundError:
-                continue  # discarded between listing and reading
+                data = metadata.read_completed(self.fs, self.layout, checkpoint_id)
             except (CorruptCheckpointError, ForeignCheckpointError) as e:
                 log.warning("skipping chk-%d: %s", checkpoint_id, e)
                 continue
-            if data.checkpoint_id != checkpoint_id:
-                log.warning("skipping chk-%d: its metadata says checkpoint %d (moved by hand?)",
-                            checkpoint_id, data.checkpoint_id)
-                continue
-            completed.append(data)
+            if data is not None:
+                completed.append(data)
         return completed
 
     def checkpoint_ids(self) -> list[int]:

@@ -70,15 +70,15 @@ def collect_garbage(fs: StorageFS, layout: JobLayout, *, grace_period_s: float =
 
     referenced: set[str] = set()
     for checkpoint_id in list_checkpoint_ids(fs, layout):
-        meta_path = layout.metadata(checkpoint_id)
-        if fs.exists(meta_path):
-            try:
-                data = metadata.decode(fs.read_bytes(meta_path), layout.job_name, meta_path)
+        try:
+            data = metadata.read_completed(fs, layout, checkpoint_id)
+            if data is not None:
                 referenced |= {e.path for e in checkpoint_file_entries(data.handles)}
-            except (CorruptCheckpointError, ForeignCheckpointError) as e:
-                report.shared_files_skipped_reason = (
-                    f"chk-{checkpoint_id}/_metadata is unreadable ({e}); its references are "
-                    f"unknown, so no shared file was deleted")
+                continue
+        except (CorruptCheckpointError, ForeignCheckpointError) as e:
+            report.shared_files_skipped_reason = (
+                f"chk-{checkpoint_id}/_metadata is unreadable ({e}); its references are "
+                f"unknown, so no shared file was deleted")
             continue
         chk_dir = layout.checkpoint(checkpoint_id)
         if checkpoint_id in protected:

@@ -15,7 +15,7 @@ from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
 from sparkpoint.errors import CorruptCheckpointError, ForeignCheckpointError, StorageError
 from sparkpoint.storage import metadata
 from sparkpoint.storage.fs import StorageFS
-from sparkpoint.storage.handles import FileEntry, checkpoint_file_entries
+from sparkpoint.storage.handles import FileEntry, checkpoint_file_entries, iter_file_entries
 from sparkpoint.storage.ids import list_checkpoint_ids, read_highest_used
 from sparkpoint.storage.layout import JobLayout
 from sparkpoint.storage.lease import describe_holder, read_current_lease
@@ -41,6 +41,7 @@ class VerifyResult:
     ok: bool
     files_checked: int
     problems: list[str] = field(default_factory=list)
+    completed: bool = True  # a `_metadata` is present (readable or not); False: never completed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,20 +84,12 @@ class DoctorReport:
 # -- list ----------------------------------------------------------------------------
 def _read_metadata(fs: StorageFS, layout: JobLayout, checkpoint_id: int
                    ) -> tuple[CompletedCheckpointData | None, str | None]:
-    """(data, None) if completed and readable, (None, problem) if unreadable, (None, None)
-    if there is no `_metadata`."""
-    path = layout.metadata(checkpoint_id)
-    if not fs.exists(path):
-        return None, None
+    """`metadata.read_completed` with inspection's error policy: (data, None) if completed
+    and readable, (None, problem) if unreadable, (None, None) if there is no `_metadata`."""
     try:
-        data = metadata.decode(fs.read_bytes(path), layout.job_name, path)
-    except FileNotFoundError:
-        return None, None  # discarded between listing and reading
+        return metadata.read_completed(fs, layout, checkpoint_id), None
     except (CorruptCheckpointError, ForeignCheckpointError) as e:
         return None, str(e)
-    if data.checkpoint_id != checkpoint_id:
-        return None, f"{path} records checkpoint {data.checkpoint_id}, not {checkpoint_id}"
-    return data, None
 
 
 def _file_entries(data: CompletedCheckpointData) -> tuple[list[FileEntry], str | None]:
@@ -125,7 +118,11 @@ def list_checkpoints(fs: StorageFS, layout: JobLayout) -> list[CheckpointSummary
 
 
 # -- verify --------------------------------------------------------------------------
-def _verify_file(fs: StorageFS, layout: JobLayout, entry: FileEntry, hash_files: bool) -> str | None:
+def check_file(fs: StorageFS, layout: JobLayout, entry: FileEntry, hash_files: bool = True) -> str | None:
+    """None if the file of `entry` is in checkpoint storage with the recorded size and
+    (with `hash_files`) sha256, else what is wrong. The one check of a stored file against
+    its entry, read in place: `checkpoints verify` and `doctor` both use it. A path that
+    would leave the job directory is a problem, never read."""
     try:
         path = layout.resolve(entry.path)
     except ValueError as e:
@@ -138,31 +135,60 @@ def _verify_file(fs: StorageFS, layout: JobLayout, entry: FileEntry, hash_files:
             return f"{entry.path} has {size} bytes, the checkpoint recorded {entry.size}"
         if hash_files and entry.sha256 and fs.sha256(path) != entry.sha256:
             return f"{entry.path} fails its sha256 check (damaged or overwritten)"
+    except FileNotFoundError:
+        return f"{entry.path} is missing"
     except StorageError as e:
         return f"{entry.path} could not be checked: {e}"
     return None
 
 
+def _entries_by_participant(data: CompletedCheckpointData
+                            ) -> tuple[dict[str, tuple[FileEntry, list[str]]], list[str]]:
+    """Every file entry of the checkpoint, once per path, with the participants that
+    reference it; and the participants whose handles cannot be read."""
+    entries: dict[str, tuple[FileEntry, list[str]]] = {}
+    problems: list[str] = []
+    for participant, handle in sorted(data.handles.items()):
+        try:
+            found = list(iter_file_entries(handle))
+        except CorruptCheckpointError as e:
+            problems.append(f"{participant}: its handle cannot be read: {e}")
+            continue
+        for entry in found:
+            _, names = entries.setdefault(entry.path, (entry, []))
+            if participant not in names:
+                names.append(participant)
+    return dict(sorted(entries.items())), problems
+
+
+def verify_checkpoint(fs: StorageFS, layout: JobLayout, checkpoint_id: int,
+                      hash_files: bool = True) -> VerifyResult:
+    """Check one checkpoint the way restore reads it (docs/checkpoint-format.md, steps
+    1-7): `_metadata` via `metadata.read_completed`, then every file of every handle
+    (`handles.iter_file_entries`) with `check_file`. Each problem names the participant
+    whose handle references the file."""
+    data, problem = _read_metadata(fs, layout, checkpoint_id)
+    if data is None:
+        if problem is not None:
+            return VerifyResult(checkpoint_id, False, 0, [problem])
+        return VerifyResult(checkpoint_id, False, 0, ["no _metadata: the checkpoint never completed"],
+                            completed=False)
+    entries, problems = _entries_by_participant(data)
+    for entry, participants in entries.values():
+        problem = check_file(fs, layout, entry, hash_files)
+        if problem is not None:
+            problems.append(f"{', '.join(participants)}: {problem}")
+    return VerifyResult(checkpoint_id, not problems, len(entries), problems)
+
+
 def verify_checkpoints(fs: StorageFS, layout: JobLayout, checkpoint_ids: Iterable[int] | None = None,
                        hash_files: bool = True) -> list[VerifyResult]:
-    """Check completed checkpoints: metadata checksum, then every referenced file exists
-    with the recorded size and (with `hash_files`) sha256. Directories without
-    `_metadata` are reported as not completed."""
+    """`verify_checkpoint` for every `chk-<id>` directory (or those of `checkpoint_ids`).
+    Directories without `_metadata` are reported as not completed (`completed=False`)."""
     wanted = set(checkpoint_ids) if checkpoint_ids is not None else None
-    results = []
-    for checkpoint_id in list_checkpoint_ids(fs, layout):
-        if wanted is not None and checkpoint_id not in wanted:
-            continue
-        data, problem = _read_metadata(fs, layout, checkpoint_id)
-        if data is None:
-            results.append(VerifyResult(checkpoint_id, False, 0,
-                                        [problem or "no _metadata: the checkpoint never completed"]))
-            continue
-        entries, problem = _file_entries(data)
-        problems = [problem] if problem else []
-        problems += [p for p in (_verify_file(fs, layout, e, hash_files) for e in entries) if p]
-        results.append(VerifyResult(checkpoint_id, not problems, len(entries), problems))
-    return results
+    return [verify_checkpoint(fs, layout, checkpoint_id, hash_files)
+            for checkpoint_id in list_checkpoint_ids(fs, layout)
+            if wanted is None or checkpoint_id in wanted]
 
 
 # -- doctor --------------------------------------------------------------------------

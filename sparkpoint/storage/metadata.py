@@ -8,16 +8,24 @@
 The checksum covers the canonical encoding of `body` (sorted keys, no whitespace,
 UTF-8), so a reader detects a torn or edited file without trusting the writer's
 formatting. Nothing here is ever unpickled: the file is plain JSON.
+
+`read_completed` is the one place that reads a `_metadata` file from storage: restore
+(`FsCheckpointStorage.load_completed`), discard, gc, `checkpoints list|verify` and
+`doctor` all go through it, so every reader checks the same things (docs steps 1-6).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from sparkpoint.checkpoint.interfaces import CheckpointProperties, CompletedCheckpointData
 from sparkpoint.errors import CorruptCheckpointError, ForeignCheckpointError, MetadataEncodeError
+
+if TYPE_CHECKING:
+    from sparkpoint.storage.fs import StorageFS
+    from sparkpoint.storage.layout import JobLayout
 
 FORMAT_NAME = "sparkpoint-checkpoint"
 FORMAT_VERSION = 1
@@ -111,6 +119,32 @@ def decode(raw: bytes, expected_job: str | None = None, source: str = "checkpoin
         raise ForeignCheckpointError(
             f"{source} belongs to job {data.job_name!r}, not {expected_job!r}; it was copied "
             f"or the job directory is shared by mistake; remove it or use its own job name")
+    return data
+
+
+def read_completed(fs: "StorageFS", layout: "JobLayout", checkpoint_id: int
+                   ) -> CompletedCheckpointData | None:
+    """Read and verify `chk-<checkpoint_id>/_metadata` of the job at `layout`.
+
+    Returns None if the checkpoint has no `_metadata` (it never completed, or it was
+    discarded between listing and reading). Raises CorruptCheckpointError or
+    ForeignCheckpointError (see `decode`) if the file is unreadable, another job's, or
+    records another checkpoint id than its directory's (it was copied or moved: it is
+    never restored from). StorageError on I/O failure. Each caller decides what an error
+    means for it: restore skips the checkpoint, gc keeps every shared file, inspection
+    reports it."""
+    path = layout.metadata(checkpoint_id)
+    if not fs.exists(path):
+        return None
+    try:
+        raw = fs.read_bytes(path)
+    except FileNotFoundError:
+        return None  # discarded between listing and reading
+    data = decode(raw, layout.job_name, path)
+    if data.checkpoint_id != checkpoint_id:
+        raise CorruptCheckpointError(
+            f"{path} records checkpoint {data.checkpoint_id}, not {checkpoint_id}: it was copied "
+            f"or moved by hand; this checkpoint is never restored from")
     return data
 
 

@@ -57,7 +57,7 @@ def test_truncated_upload_is_caught_by_verify(storage: FsCheckpointStorage) -> N
     faulty = faulty_storage(storage, [{"op": "write", "path": "job/shared/*", "action": "truncate"}])
     complete_checkpoint(faulty, 1, {"shared/a.sst": b"abcdef"})
     [result] = verify_checkpoints(storage.fs, storage.layout)
-    assert result.problems == ["shared/a.sst has 3 bytes, the checkpoint recorded 6"]
+    assert result.problems == ["state:counts/0: shared/a.sst has 3 bytes, the checkpoint recorded 6"]
 
 
 def test_slow_rule_delays_then_succeeds(storage: FsCheckpointStorage) -> None:

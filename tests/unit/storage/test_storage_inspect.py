@@ -36,9 +36,9 @@ def test_verify_finds_missing_resized_and_damaged_files(storage: FsCheckpointSto
     [result] = verify_checkpoints(fs, layout)
 
     assert not result.ok and result.files_checked == 4
-    assert result.problems == ["shared/a.sst is missing",
-                               "shared/b.sst has 2 bytes, the checkpoint recorded 4",
-                               "shared/c.sst fails its sha256 check (damaged or overwritten)"]
+    assert result.problems == ["state:counts/0: shared/a.sst is missing",
+                               "state:counts/0: shared/b.sst has 2 bytes, the checkpoint recorded 4",
+                               "state:counts/0: shared/c.sst fails its sha256 check (damaged or overwritten)"]
     assert verify_checkpoints(fs, layout, hash_files=False)[0].problems[2:] == []
 
 
