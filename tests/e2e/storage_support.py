@@ -1,15 +1,21 @@
-"""Shared pieces of the issue 4 end-to-end tests: one small keyed-aggregate job, its
-failure-free reference output (computed once per session: Spark starts are the
-expensive part on a small machine), and ways real checkpoint files get damaged."""
+"""Shared pieces of the issue 4 and 9 end-to-end tests: one small keyed-aggregate job,
+its failure-free reference output (computed once per session: Spark starts are the
+expensive part on a small machine), reading what a job left in checkpoint storage (each
+subtask's state is a lineage: snapshot + change logs), killing a run at a chosen
+moment, and ways real checkpoint files get damaged."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-from sparkpoint.state.snapshot import HANDLE_FORMAT
+from sparkpoint.state.changelog import Lineage, is_lineage_handle
+from sparkpoint.state.snapshot import SnapshotFile
 from sparkpoint.storage import metadata
 from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.layout import JobLayout
@@ -21,6 +27,9 @@ OPERATOR = "totals"
 JOB_SHAPE: dict[str, Any] = dict(name=JOB_NAME, template=AGGREGATE_PIPELINE, keys=50, total=20_000,
                                  per_epoch=2_000)
 REFERENCE_RETAINED = 2
+# Snapshots by count only (a subtask uploads one once it has 4 change logs), so which
+# checkpoints share a snapshot does not depend on how fast a loaded machine runs.
+SNAPSHOT_EVERY_4_EPOCHS = ["state.changelog.max-changelogs=4", "state.changelog.periodic-materialize.interval=10 min"]
 
 
 def make_job(root: Path, **overrides: Any) -> Job:
@@ -53,9 +62,10 @@ def reference(tmp_path_factory) -> Reference:
 
 # -- reading a job directory ------------------------------------------------------------
 
-def job_storage(url: str, storage_options: dict | None = None) -> tuple[StorageFS, JobLayout]:
+def job_storage(url: str, storage_options: dict | None = None, job_name: str = JOB_NAME
+                ) -> tuple[StorageFS, JobLayout]:
     fs = StorageFS.from_url(url, storage_options)
-    return fs, JobLayout(f"{fs.root}/{JOB_NAME}")
+    return fs, JobLayout(f"{fs.root}/{job_name}")
 
 
 def completed_checkpoints(fs: StorageFS, layout: JobLayout) -> dict[int, Any]:
@@ -65,7 +75,7 @@ def completed_checkpoints(fs: StorageFS, layout: JobLayout) -> dict[int, Any]:
         m = re.fullmatch(r"chk-(\d+)", name)
         if m and fs.exists(layout.metadata(int(m.group(1)))):
             cid = int(m.group(1))
-            found[cid] = metadata.decode(fs.read_bytes(layout.metadata(cid)), JOB_NAME)
+            found[cid] = metadata.decode(fs.read_bytes(layout.metadata(cid)), layout.job_name)
     return found
 
 
@@ -74,15 +84,76 @@ def chk_dir_ids(fs: StorageFS, layout: JobLayout) -> set[int]:
 
 
 def state_handles(data) -> dict[str, dict]:
-    return {p: h for p, h in data.handles.items() if isinstance(h, dict) and h.get("format") == HANDLE_FORMAT}
+    """participant (`state:<op>/<i>`) -> its raw lineage handle in one checkpoint."""
+    return {p: h for p, h in data.handles.items() if is_lineage_handle(h)}
+
+
+def lineages(data) -> dict[str, Lineage]:
+    """participant (`state:<op>/<i>`) -> its lineage (snapshot + change logs) in one checkpoint."""
+    return {p: Lineage.from_json(h) for p, h in data.handles.items() if is_lineage_handle(h)}
+
+
+def state_files(data) -> list[SnapshotFile]:
+    """Every checkpoint-storage file the state of one checkpoint needs."""
+    return [f for lineage in lineages(data).values() for f in lineage.files()]
+
+
+def changelogs_only_in(done: dict[int, Any], latest: int, older: int,
+                       participant: str | None = None) -> list[SnapshotFile]:
+    """Change logs that checkpoint `latest` references for epochs after checkpoint
+    `older`'s and that no other checkpoint in `done` references (of one participant,
+    or of all): damaging one breaks `latest` and nothing else."""
+    kept_by_others = {f.path for cid, data in done.items() if cid != latest for f in state_files(data)}
+    after = int(done[older].handles["job"]["epoch"])
+    return [c.file for p, lineage in sorted(lineages(done[latest]).items()) if participant in (None, p)
+            for c in lineage.changelog if c.epoch > after and c.file.path not in kept_by_others]
+
+
+# -- driving a running process ----------------------------------------------------------
+
+COMPLETED = r"completed checkpoint \d+ of job"
+T = TypeVar("T")
+
+
+def wait_completed(proc: Proc, count: int, timeout: float = 300) -> None:
+    """Until `proc` logged `count` completed checkpoints (polls the process's log)."""
+    deadline = time.monotonic() + timeout
+    while proc.count(COMPLETED) < count:
+        assert proc.popen.poll() is None, f"exited before {count} checkpoints:\n{proc.text[-3000:]}"
+        assert time.monotonic() < deadline, f"no {count} checkpoints in time:\n{proc.text[-3000:]}"
+        time.sleep(0.2)
+
+
+def kill_when(proc: Proc, plan: Callable[[], T | None], timeout: float = 300) -> T:
+    """SIGKILL `proc` at a moment `plan()` returns something, and return that. The run
+    is frozen (SIGSTOP) while the plan is checked again, so what it describes is exactly
+    what the kill leaves behind."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.popen.poll() is None, f"exited before the moment to kill it:\n{proc.text[-3000:]}"
+        assert time.monotonic() < deadline, f"the moment to kill never came:\n{proc.text[-3000:]}"
+        if plan() is not None:
+            os.killpg(proc.popen.pid, signal.SIGSTOP)
+            found = plan()
+            if found is not None:
+                proc.kill9()
+                return found
+            os.killpg(proc.popen.pid, signal.SIGCONT)
+        time.sleep(0.2)
 
 
 def completed_ids(proc: Proc) -> list[int]:
     return [int(x) for x in re.findall(r"completed checkpoint (\d+) of job", proc.text)]
 
 
-def local_copy(job: Job, subtask: int, checkpoint_id: int) -> Path:
-    return job.root / "state" / JOB_NAME / OPERATOR / f"subtask-{subtask}" / f"chk-{checkpoint_id}"
+def subtask_dir(job: Job, subtask: int) -> Path:
+    """The executor-local directory of one subtask (`db/`, `snap-<epoch>/`, `pending/`)."""
+    return job.root / "state" / JOB_NAME / OPERATOR / f"subtask-{subtask}"
+
+
+def local_copy(job: Job, subtask: int, base_epoch: int) -> Path:
+    """The local recovery copy of the snapshot of `base_epoch` this executor uploaded."""
+    return subtask_dir(job, subtask) / f"snap-{base_epoch}"
 
 
 # -- how real RocksDB files get damaged (same as tests/unit/snapshot) -------------------

@@ -14,45 +14,44 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
-from sparkpoint.errors import LeaseHeldError, LeaseLostError
-from sparkpoint.state.restore import restore_snapshot
-from sparkpoint.state.snapshot import referenced_files, snapshot_files, verify_snapshot
-from sparkpoint.state.store import SubtaskStateStore
+from sparkpoint.errors import CorruptCheckpointError, LeaseHeldError, LeaseLostError
+from sparkpoint.runtime.executor.state import SubtaskState
+from sparkpoint.state.snapshot import SnapshotFile, snapshot_files
 from sparkpoint.storage.checkpoint_storage import open_job_storage
+from sparkpoint.storage.handles import checkpoint_file_entries
 from sparkpoint.storage.ids import encode_ids
-from tests.e2e.harness import Proc, canonical
+from sparkpoint.storage.inspect import verify_checkpoints
+from tests.e2e.harness import Job, Proc, canonical
 from tests.e2e.storage_support import (
     JOB_NAME,
+    OPERATOR,
     REFERENCE_RETAINED,
+    SNAPSHOT_EVERY_4_EPOCHS,
     bad_magic,
+    changelogs_only_in,
     chk_dir_ids,
     completed_checkpoints,
     completed_ids,
     flipped_bytes,
     job_storage,
+    kill_when,
+    lineages,
     local_copy,
     make_job,
     reference,
-    state_handles,
+    state_files,
+    wait_completed,
 )
 
 pytestmark = pytest.mark.e2e
 
 SPARK_TIMEOUT = 300  # seconds; the machine is small and shared
-
-
-def _wait_completed(proc: Proc, count: int, timeout: float = SPARK_TIMEOUT) -> None:
-    """Until `proc` logged `count` completed checkpoints (polls the process's log)."""
-    deadline = time.monotonic() + timeout
-    while proc.count(r"completed checkpoint \d+ of job") < count:
-        assert proc.popen.poll() is None, f"exited before {count} checkpoints:\n{proc.text[-3000:]}"
-        assert time.monotonic() < deadline, f"no {count} checkpoints in time:\n{proc.text[-3000:]}"
-        time.sleep(0.2)
 
 
 def _first_to_exit(procs: list[Proc], timeout: float) -> Proc:
@@ -83,7 +82,7 @@ def test_second_deployment_is_refused_and_a_killed_holder_is_taken_over_with_fre
                      r"since \d{4}-\d\d-\d\dT", refusal), refusal
     assert "To take over: stop that run" in refusal and "or start this job under another job name" in refusal
 
-    _wait_completed(winner, 2)
+    wait_completed(winner, 2)
     winner.kill9()
 
     # What the killed run left, plus what seed 002 describes: the id counter forgot
@@ -144,12 +143,45 @@ def test_live_lease_of_another_host_refuses_the_run_and_an_expired_one_is_fenced
 
 
 def _replace_with(path: Path, damage) -> None:
-    """Damage a copy: the local recovery copy hard-links files with the live DB and with
-    other copies, and the test means to damage exactly this one."""
+    """Damage a copy: the local recovery copy hard-links files with the live DB, and the
+    test means to damage exactly this one."""
     data = path.read_bytes()
     path.unlink()
     path.write_bytes(data)
     damage(path)
+
+
+@dataclass(frozen=True)
+class _Damage:
+    """Where seed 003's two corruptions go, chosen from what a killed run left."""
+
+    latest: int
+    older: int
+    victim: SnapshotFile  # in storage; only `latest` references it
+    local_sst: Path  # in subtask 0's local recovery copy of the snapshot `older` is based on
+
+
+def _damage_plan(job: Job, fs, layout) -> _Damage | None:
+    """None until the two newest completed checkpoints are such that (a) subtask 0 of
+    the older one is based on a snapshot this executor still holds locally and (b) the
+    latest references a change log of an epoch after the older one's."""
+    try:
+        done = completed_checkpoints(fs, layout)
+    except (FileNotFoundError, CorruptCheckpointError):
+        return None  # a subsumed checkpoint was being deleted while we listed
+    if len(done) < 2:
+        return None
+    latest, older = sorted(done)[-1], sorted(done)[-2]
+    base = lineages(done[older])["state:totals/0"]
+    copy = local_copy(job, 0, base.base_epoch)
+    ssts = sorted(f.name for f in (snapshot_files(base.base) if base.base is not None else [])
+                  if f.name.endswith(".sst") and (copy / f.name).is_file())
+    if not ssts:
+        return None
+    newer = changelogs_only_in(done, latest, older, "state:totals/1")
+    if not newer:
+        return None
+    return _Damage(latest, older, newer[-1], copy / ssts[0])
 
 
 def test_corrupt_local_copy_and_corrupt_remote_checkpoint_fall_back_then_nothing_valid_refuses(
@@ -159,42 +191,35 @@ def test_corrupt_local_copy_and_corrupt_remote_checkpoint_fall_back_then_nothing
     fall back to the next older one; with none valid the job refuses to start, and
     restore.mode=empty starts from scratch."""
     expected = reference(tmp_path_factory).rows
-    job = make_job(tmp_path / "job")
-    first = job.start()
-    _wait_completed(first, 3)
-    first.kill9()
-
+    job = make_job(tmp_path / "job", sets=SNAPSHOT_EVERY_4_EPOCHS)
     fs, layout = job_storage(str(job.root / "checkpoints"))
-    done = completed_checkpoints(fs, layout)
-    assert len(done) >= 2, sorted(done)
-    latest, older = sorted(done)[-1], sorted(done)[-2]
-    # Remote: bit rot in a file only the latest checkpoint references (subtask 1), and
-    # subtask 1's local copy of it is gone (new machine), so storage must be read.
-    kept_by_others = set().union(*(referenced_files(h) for cid, d in done.items() if cid != latest
-                                   for h in state_handles(d).values()))
-    own = [f for f in snapshot_files(done[latest].handles["state:totals/1"]) if f.path not in kept_by_others]
-    victim = max(own, key=lambda f: (f.name.endswith(".sst"), f.size))
-    flipped_bytes(Path(layout.join(victim.path)))
-    shutil.rmtree(local_copy(job, 1, latest))
-    # Local: "Bad table magic number" in subtask 0's recovery copy of the older checkpoint.
-    local_sst = sorted(local_copy(job, 0, older).glob("*.sst"))[0]
-    _replace_with(local_sst, bad_magic)
+    first = job.start()
+    plan = kill_when(first, lambda: _damage_plan(job, fs, layout))
+
+    # Remote: bit rot in a change log only the latest checkpoint references (an epoch
+    # after the older checkpoint's), read from storage by whichever executor rebuilds.
+    flipped_bytes(Path(layout.join(plan.victim.path)), at=0)
+    # Local: "Bad table magic number" in subtask 0's recovery copy of the snapshot the
+    # older checkpoint is based on; the live store next to it is left intact.
+    _replace_with(plan.local_sst, bad_magic)
 
     second = job.run(timeout=SPARK_TIMEOUT)
 
     text = second.text
     assert second.popen.returncode == 0, text[-3000:]
-    assert re.search(rf"ALARM checkpoint {latest} of job {JOB_NAME} is corrupt .*{re.escape(victim.name)}", text), \
-        text[-3000:]
-    assert f"restores checkpoint {older}" in text
-    assert re.search(rf"checkpoint {older}, state:totals/0: the local recovery copy was corrupt .*"
-                     rf"{re.escape(local_sst.name)}", text), text[-3000:]
+    assert re.search(rf"ALARM checkpoint {plan.latest} of job {JOB_NAME} is corrupt and is skipped; falling back "
+                     rf".*{re.escape(plan.victim.name)}", text), text[-3000:]
+    assert f"restores checkpoint {plan.older}" in text
+    assert re.search(rf"\[{JOB_NAME}\] resuming from checkpoint {plan.older} \(epoch \d+, taken ", text), text[-3000:]
+    assert re.search(rf"ALARM state:totals/0: the local recovery copy was corrupt \([^)]*"
+                     rf"{re.escape(plan.local_sst.name)}[^)]*\); those files were restored from checkpoint storage",
+                     text), text[-3000:]
+    assert "-> FAILED" not in text
     assert canonical(job.output(), drop=()) == expected
 
     # Nothing valid left: every retained checkpoint damaged in storage, no local copies.
     done = completed_checkpoints(fs, layout)
-    retained_files = {f.path for data in done.values() for handle in state_handles(data).values()
-                      for f in snapshot_files(handle)}
+    retained_files = {f.path for data in done.values() for f in state_files(data)}
     for path in retained_files:  # once each: a shared file flipped twice would be whole again
         flipped_bytes(Path(layout.join(path)), at=0)
     shutil.rmtree(job.root / "state")
@@ -202,15 +227,21 @@ def test_corrupt_local_copy_and_corrupt_remote_checkpoint_fall_back_then_nothing
     refused = job.run(timeout=SPARK_TIMEOUT)
 
     assert refused.popen.returncode == 2, refused.text[-3000:]
-    assert re.search(rf"has {len(done)} completed checkpoint\(s\) .* but none restores", refused.text)
+    assert re.search(rf"has {len(done)} completed checkpoint\(s\) .* but none restores", refused.text), \
+        refused.text[-3000:]
     assert "--set restore.mode=empty" in refused.text and "sparkpoint doctor" in refused.text
-    assert canonical(job.output(), drop=()) == expected, "a refused run must not touch the output"
+    after_refusal = canonical(job.output(), drop=())
 
     from_scratch = make_job(tmp_path / "from-scratch", checkpoint_dir=str(job.root / "checkpoints"))
     empty = from_scratch.run(["restore.mode=empty"], timeout=SPARK_TIMEOUT)
     assert empty.popen.returncode == 0, empty.text[-3000:]
-    assert "starts from scratch" in empty.text
+    assert f"[{JOB_NAME}] starting fresh: restore.mode=empty" in empty.text, empty.text[-3000:]
     assert canonical(from_scratch.output(), drop=()) == expected
+
+    # "Nothing was started, so nothing was lost": the refused run left the committed
+    # output as it was (it did not withdraw the epochs of checkpoints it could not restore).
+    assert len(after_refusal) == len(expected), "a refused run must not touch the output"
+    assert after_refusal == expected, "a refused run must not touch the output"
 
 
 def test_retention_keeps_num_retained_checkpoints_with_every_file_they_need(
@@ -224,20 +255,49 @@ def test_retention_keeps_num_retained_checkpoints_with_every_file_they_need(
 
     assert sorted(done) == sorted(completed)[-REFERENCE_RETAINED:]
     assert chk_dir_ids(fs, layout) == set(done), "subsumed checkpoints leave nothing behind"
-    referenced: set[str] = set()
-    for data in done.values():
-        for participant, handle in state_handles(data).items():
-            assert verify_snapshot(handle, fs, layout) == [], participant
-            referenced |= referenced_files(handle)
-    shared = {layout.relative(f.path) for f in fs.find(layout.shared)}
-    assert shared == {p for p in referenced if p.startswith("shared/")}, "unreferenced shared files reclaimed"
+    for result in verify_checkpoints(fs, layout, done):
+        assert result.ok and result.files_checked > 0, result
+    for cid, data in done.items():
+        assert {f.path for f in state_files(data)} <= {e.path for e in checkpoint_file_entries(data.handles)}, \
+            f"chk-{cid}: the garbage collector and verify see every state file"
 
+    # The oldest retained checkpoint restores on a machine that has nothing local.
     oldest = done[min(done)]
-    for participant, handle in state_handles(oldest).items():
-        target = tmp_path / participant.replace(":", "-").replace("/", "-")
-        restore_snapshot(handle, fs, layout, str(target))
-        store = SubtaskStateStore.open(str(target), create=False)
+    for participant, lineage in lineages(oldest).items():
+        state = SubtaskState(str(tmp_path / "elsewhere"), lineage, fs, layout)
         try:
-            assert store.epoch() == oldest.handles["job"]["epoch"], participant
+            store = state.open(lineage.epoch + 1, trust_local=False)
+            assert state.report.how == "rebuild" and store.epoch() == oldest.handles["job"]["epoch"], participant
         finally:
-            store.close()
+            state.close()
+
+
+def test_state_files_live_under_shared_state_operator_subtask(tmp_path_factory) -> None:
+    """Where the layout says (docs/faults.md aims storage faults at these paths):
+    `shared/state/<op>/<i>/log/<epoch>-<uuid>.changelog` and
+    `shared/state/<op>/<i>/<sha16>-<name>` for the files of a snapshot."""
+    ref = reference(tmp_path_factory)
+    fs, layout = job_storage(str(ref.job.root / "checkpoints"))
+    done = completed_checkpoints(fs, layout)
+    assert any(lineage.base is not None for data in done.values() for lineage in lineages(data).values()), \
+        "the reference run uploads snapshots"
+
+    misplaced = sorted(f.path for data in done.values() for f in state_files(data)
+                       if not re.fullmatch(rf"shared/state/{OPERATOR}/[01]/(log/\d{{12}}-[0-9a-f]{{12}}\.changelog|"
+                                           r"[0-9a-f]{16}-[^/]+)", f.path))
+    assert misplaced == []
+
+
+def test_shared_files_no_retained_checkpoint_references_are_collected(tmp_path_factory) -> None:
+    """Storage does not grow with the run's length: change logs and snapshot files that
+    no retained checkpoint references (subsumed, or superseded by a snapshot before any
+    checkpoint took them) are deleted; at the end of a finished run only what the
+    retained checkpoints reference is left under `shared/`."""
+    ref = reference(tmp_path_factory)
+    fs, layout = job_storage(str(ref.job.root / "checkpoints"))
+    done = completed_checkpoints(fs, layout)
+    referenced = {f.path for data in done.values() for f in state_files(data)}
+
+    shared = {layout.relative(f.path) for f in fs.find(layout.shared)}
+    assert referenced <= shared
+    assert sorted(shared - referenced) == [], "unreferenced shared files are reclaimed"
