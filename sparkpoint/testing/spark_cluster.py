@@ -18,7 +18,9 @@ processes share like a shared FS.
 
 Needs Linux, `unshare` and root (or CAP_SYS_ADMIN) for the per-worker mount namespaces.
 Logs: `<root>/logs/master.log`, `<root>/logs/worker-<i>.log`; executors' stdout/stderr are
-in `<root>/worker-<i>/work/<app-id>/<executor-id>/` (also the executors' working directory).
+in `<root>/worker-<i>/work/<app-id>/<executor-id>/` (also the working directory of the
+executor and of its Python workers); executors' Spark scratch dirs are under
+`<root>/worker-<i>/local/`.
 """
 
 from __future__ import annotations
@@ -157,11 +159,19 @@ class StandaloneCluster:
             atexit.register(self.stop)
             self._atexit = True
         try:
-            self._start_master()
-            self._wait_for_master()  # else the workers' first registration fails and they retry 10 s later
+            for attempt in range(3):
+                self._start_master()
+                try:
+                    # Before any worker: else their first registration fails and they retry 10 s later.
+                    self._wait_for_master()
+                    break
+                except ClusterError:
+                    if self._master.poll() is None or attempt == 2:
+                        raise
+                    self._master = None  # a port was taken since free_port() chose it: new ports
             for w in self._workers:
                 self._spawn_worker(w)
-            self.wait_for_workers(self.n_workers)
+            self.wait_for_workers(self.n_workers, respawns=2)
         except BaseException:
             self.stop()
             raise
@@ -174,7 +184,7 @@ class StandaloneCluster:
         if w.proc is not None and w.proc.poll() is None:
             raise ClusterError(f"worker {i} is still running (pid {w.proc.pid})")
         self._spawn_worker(w)
-        self.wait_for_workers(sum(1 for p in self.worker_pids if p is not None), timeout)
+        self.wait_for_workers(sum(1 for p in self.worker_pids if p is not None), timeout, respawns=2)
 
     def master_state(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.master_webui}/json/", timeout=5) as r:
@@ -190,10 +200,18 @@ class StandaloneCluster:
                 out.append(info)
         return out
 
-    def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
+    def wait_for_workers(self, n: int, timeout: float | None = None, respawns: int = 0) -> None:
+        """Wait until n of our workers are ALIVE at the master; a worker that exits meanwhile
+        (e.g. its web UI port was taken) is started again up to `respawns` times."""
         deadline = time.monotonic() + (timeout or self.start_timeout)
         last: Exception | str = "no answer yet"
+        left = {w.index: respawns for w in self._workers}
         while time.monotonic() < deadline:
+            for w in self._workers:
+                if w.proc is not None and w.proc.poll() is not None and left[w.index] > 0:
+                    left[w.index] -= 1
+                    self.kill_worker(w.index)  # whatever is left of it
+                    self._spawn_worker(w)
             self._check_running()
             try:
                 alive = self.alive_workers()
@@ -299,15 +317,23 @@ class StandaloneCluster:
             PYSPARK_PYTHON=sys.executable,
             PYSPARK_DRIVER_PYTHON=sys.executable,
             SPARK_DAEMON_MEMORY="256m",
+            # A taken port is an error (and a retry with new ports), not a silent port+1 that
+            # master_url and the worker bookkeeping would not know about.
+            SPARK_MASTER_OPTS="-Dspark.port.maxRetries=0",
+            SPARK_WORKER_OPTS="-Dspark.port.maxRetries=0",
             PYTHONUNBUFFERED="1",
         )
         return env
 
-    def _popen(self, cmd: list[str], log: Path) -> subprocess.Popen:
+    def _popen(self, cmd: list[str], log: Path, **env: str) -> subprocess.Popen:
         f = open(log, "ab")
         self._files.append(f)
+        if shutil.which("setpriv"):
+            # Dies with the process that started it, even if that one is SIGKILLed and never
+            # runs stop(); a worker's executors follow their worker (Spark's WorkerWatcher).
+            cmd = ["setpriv", "--pdeathsig", "KILL", *cmd]
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=self.env(), cwd=self.root, start_new_session=True)
+                                env={**self.env(), **env}, cwd=self.root, start_new_session=True)
 
     def _spark_class(self) -> str:
         return str(self.spark_home / "bin" / "spark-class")
@@ -344,7 +370,11 @@ class StandaloneCluster:
         script = 'mount -t tmpfs -o "size=$1,mode=0700" tmpfs "$2" && shift 2 && exec "$@"'
         cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", self.tmpfs_size,
                str(self.state_path), *spark]
-        w.proc = self._popen(cmd, w.log)
+        # Executors' scratch space (shuffle, blocks) under the worker too, not in /tmp where a
+        # SIGKILLed worker would leave it behind.
+        local = self.root / f"worker-{w.index}" / "local"
+        local.mkdir(parents=True, exist_ok=True)
+        w.proc = self._popen(cmd, w.log, SPARK_LOCAL_DIRS=str(local))
         # The namespace is created at once by unshare; remember it to find the executors later.
         deadline = time.monotonic() + 10
         own = _mnt_ns(os.getpid())
