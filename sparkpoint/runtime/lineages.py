@@ -130,9 +130,9 @@ class Lineages:
             log.error("ALARM state:%s/%d: the local recovery copy was corrupt (%s); those files were restored from "
                       "checkpoint storage instead", self.operator, i, ", ".join(state["corrupt_local"]))
         s.bytes_downloaded += int(state.get("bytes_downloaded", 0))
-        where = f"{info.get('host')}/{info.get('executor') or info.get('pid')}"
+        where = str(info.get("executor"))
         if s.executors.get(i) not in (None, where):
-            s.moves += 1
+            s.moves += 1  # ran on another executor than last epoch
             log.info("subtask %d of %s moved to executor %s (state %s, %d change logs replayed, %s ms)", i,
                      self.operator, where, how, int(state.get("replayed", 0)), state.get("rebuild_ms", 0))
         s.executors[i] = where

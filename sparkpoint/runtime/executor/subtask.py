@@ -46,18 +46,9 @@ def output_schema_with_meta(schema: pa.Schema) -> pa.Schema:
 
 
 def where_am_i() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "executor": os.environ.get("SPARK_EXECUTOR_ID")
-            or _executor_id()}
-
-
-def _executor_id() -> str | None:
-    try:
-        from pyspark import TaskContext
-
-        tc = TaskContext.get()
-        return tc.getLocalProperty("spark.executor.id") if tc else None
-    except Exception:
-        return None
+    """Which executor runs this task: PySpark forks every Python worker of one executor
+    from that executor's daemon, so (host, daemon pid) names the executor."""
+    return {"host": socket.gethostname(), "executor": f"{socket.gethostname()}/{os.getppid()}", "pid": os.getpid()}
 
 
 @dataclass(frozen=True)
