@@ -345,8 +345,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
                              None if final else self._watermark(), int(time.time() * 1000), final, checkpoint_id,
                              self.storage_ref, self.lineages.for_tasks(), self.lineages.due_for_snapshot(),
                              self.output_step,
-                             self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]),
-                             trust_local=not self._restoring)
+                             self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]))
         wm_col = self.pipeline.watermark_.column if self.pipeline.watermark_ else None
         result = run_epoch(self._spark, df, task, self.output_step, wm_col, epoch)
         if self.lineages is not None:

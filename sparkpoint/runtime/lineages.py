@@ -60,6 +60,8 @@ class Lineages:
         self._lock = threading.Lock()
         self._lineages: dict[int, Lineage] = {}
         self._last_snapshot: dict[int, float] = {}
+        # (epoch, paths): files a snapshot made unnecessary for the live lineage at that epoch
+        self._dropped: list[tuple[int, list[str]]] = []
         self.stats = MoveStats()
         self.reset_empty()
 
@@ -71,6 +73,7 @@ class Lineages:
                 kg = key_group_range(i, self.parallelism, self.max_parallelism)
                 self._lineages[i] = Lineage(self.operator, i, (kg.start, kg.stop), self.max_parallelism)
             self._last_snapshot = {i: self._clock() for i in range(self.parallelism)}
+            self._dropped = []
 
     def restore(self, handles: Mapping[int, Mapping[str, Any]]) -> None:
         """Take the lineages of a checkpoint (validated: CorruptSnapshotError if not)."""
@@ -78,6 +81,7 @@ class Lineages:
         with self._lock:
             self._lineages = restored
             self._last_snapshot = {i: self._clock() for i in restored}
+            self._dropped = []
 
     # -- each epoch ----------------------------------------------------------------
     def for_tasks(self) -> dict[int, Lineage]:
@@ -105,7 +109,9 @@ class Lineages:
                 lin = lin.advance(ChangelogFile.from_json(entry, f"epoch {epoch}"))
                 snap = info.get("snapshot")
                 if snap is not None:
+                    before = {f.path for f in lin.files()}
                     lin = lin.rebased(snap, int(snap["epoch"]))
+                    self._dropped.append((epoch, sorted(before - {f.path for f in lin.files()})))
                     self._last_snapshot[i] = self._clock()
                     self.stats.snapshots += 1
                     self.stats.snapshot_bytes += int(snap.get("bytes_uploaded", 0))
@@ -114,6 +120,12 @@ class Lineages:
                                 "logs and tries again", i, self.operator, info["snapshot_error"])
                 self._lineages[i] = lin
                 self._count(i, info, state)
+
+    def on_restore(self, infos: Mapping[int, Mapping[str, Any]]) -> None:
+        """Reports of the restore job (each subtask rebuilt on some executor)."""
+        with self._lock:
+            for i, info in infos.items():
+                self._count(i, info, info.get("state") or {})
 
     def _count(self, i: int, info: Mapping[str, Any], state: Mapping[str, Any]) -> None:
         s = self.stats
@@ -146,6 +158,15 @@ class Lineages:
             return None, (f"the change logs of epochs {[c.epoch for c in lin.pending]} are not in checkpoint "
                           "storage yet (it refused them); they are retried every epoch")
         return lin.to_json(), None
+
+    def take_unneeded(self, up_to_epoch: int) -> list[str]:
+        """Files a snapshot made unnecessary at or before `up_to_epoch`: a checkpoint whose
+        barrier is at that epoch or later no longer references them, nor does the running
+        job. The caller deletes those no retained checkpoint references."""
+        with self._lock:
+            taken = [p for e, paths in self._dropped if e <= up_to_epoch for p in paths]
+            self._dropped = [(e, paths) for e, paths in self._dropped if e > up_to_epoch]
+            return taken
 
     def live_handles(self) -> list[dict[str, Any]]:
         """Handles of the state the running job still needs (for the garbage collector)."""

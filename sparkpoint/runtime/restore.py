@@ -43,6 +43,9 @@ class RestoreSteps:
         self.final_done = False
         self.coordinator.restore_latest()
         completed = list(reversed(self.coordinator.completed_store.all()))
+        if self.settings.restore_mode == "empty":
+            self._start_fresh(ignoring=len(completed))
+            return
         for data in completed:
             if data.checkpoint_id in self._bad_checkpoints:
                 continue
@@ -51,7 +54,7 @@ class RestoreSteps:
                 return
             except CorruptCheckpointError as e:
                 self._mark_bad(data.checkpoint_id, e)
-        if completed and self.settings.restore_mode != "empty":
+        if completed:
             raise NoValidCheckpointError(
                 f"job {self.job_name} has {len(completed)} completed checkpoint(s) in {self.storage.layout.root} but none "
                 f"restores: {'; '.join(self._bad_checkpoints.values())}. Nothing was started, so nothing was "
@@ -59,7 +62,7 @@ class RestoreSteps:
                 f"state anyway, pass --set restore.mode=empty (sources replay from their start positions)")
         self._start_fresh()
 
-    def _start_fresh(self) -> None:
+    def _start_fresh(self, ignoring: int = 0) -> None:
         if not self.coordinator.completed_store.all():
             committed = self.sink.committed_epochs()
             if committed and self.settings.restore_mode != "empty":
@@ -78,8 +81,10 @@ class RestoreSteps:
         self.positions = self.source.initial_positions()
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
         self.sink.recover(None)
-        why = ("no completed checkpoint in " + self.storage.layout.root if not self._bad_checkpoints else
-               f"restore.mode=empty and none of the completed checkpoints restores: {sorted(self._bad_checkpoints)}")
+        why = (f"restore.mode=empty: the {ignoring} completed checkpoint(s) in {self.storage.layout.root} are not "
+               f"restored, sources replay from their start, and output committed by earlier runs of this job is "
+               f"withdrawn from {self.sink.location} so nothing is duplicated" if ignoring else
+               "no completed checkpoint in " + self.storage.layout.root)
         log.info("job %s starts from scratch (%s)", self.job_name, why)
         self.progress.announce(f"starting fresh: {why}")
 
@@ -94,6 +99,7 @@ class RestoreSteps:
                     f"{_parallelism_of(handles, self.operator.name)}, this run has parallelism.default={self.P}; "
                     f"rescaling a restore is not supported yet: run with the checkpoint's parallelism")
             self.lineages.restore({i: handles[self.state_participant(i)] for i in range(self.P)})
+            self._rebuild_state(data.checkpoint_id)
             self.gateway.set_restoring([self.state_participant(i) for i in range(self.P)])
             self._restoring = True
         self.epoch = int(job["epoch"])
@@ -106,6 +112,22 @@ class RestoreSteps:
         taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data.completion_timestamp_ms / 1000))
         self.progress.announce(f"resuming from checkpoint {data.checkpoint_id} (epoch {self.epoch}, taken {taken}) "
                                f"in {self.storage.layout.checkpoint(data.checkpoint_id)}")
+
+    def _rebuild_state(self, checkpoint_id: int) -> None:
+        """Every subtask rebuilds the restored state on an executor from verified files,
+        BEFORE the sink recovers: a checkpoint whose files are damaged is skipped while
+        nothing has been touched yet (the sink's recovery may withdraw later output)."""
+        from sparkpoint.runtime.executor.subtask import RestoreTask
+        from sparkpoint.runtime.stage import restore_state
+
+        task = RestoreTask(self.local_root, self.storage_ref, self.lineages.for_tasks())
+        try:
+            reports = restore_state(self._spark, task, self.P)
+        except Exception as e:
+            if "CorruptSnapshotError" in str(e) or "CorruptCheckpointError" in str(e):
+                raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {_summary(e)}") from e
+            raise
+        self.lineages.on_restore(reports)
 
     def _restored_state_ready(self) -> None:
         """The first epoch after a restore is done: every subtask holds its state."""

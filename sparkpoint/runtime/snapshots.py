@@ -17,9 +17,10 @@ from concurrent.futures import Future
 
 from sparkpoint.checkpoint import CheckpointFailureReason
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
-from sparkpoint.errors import SnapshotCancelled
+from sparkpoint.errors import SnapshotCancelled, StorageError
 from sparkpoint.runtime.failures import JOB
 from sparkpoint.runtime.failures import summarize as _summary
+from sparkpoint.storage.handles import referenced_paths
 
 log = logging.getLogger("sparkpoint.runtime.jobmaster")
 
@@ -55,7 +56,8 @@ class SnapshotSteps:
                 log.warning("checkpoint %d: state of %s is not durable: %s. The job keeps running; a later "
                             "checkpoint completes once checkpoint storage takes the change logs",
                             checkpoint_id, participant, why_not)
-                c.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_ASYNC_FAILURE, why_not)
+                c.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_ASYNC_FAILURE,
+                          StorageError(why_not))
                 continue
             self._ack_state(checkpoint_id, participant, handle)
 
@@ -101,9 +103,30 @@ class SnapshotSteps:
         if sink_handle is not None:
             self.storage.lease.check()  # publish only while this run may act for the job
             self.sink.commit(sink_handle)
+        if self.lineages is not None:
+            self._delete_unneeded_state(int(data.handles[JOB]["epoch"]))
         src = data.handles.get(self.source_participant)
         if src is not None:
             try:
                 self.source.notify_checkpoint_complete(checkpoint_id, src["positions"])
             except Exception:
                 log.exception("source %s: post-checkpoint hook failed (ignored)", self.source.name)
+
+    def _delete_unneeded_state(self, checkpoint_epoch: int) -> None:
+        """Change logs and snapshot files that a newer snapshot replaced before any
+        checkpoint took them would otherwise wait for the start-up garbage collector:
+        delete those no retained checkpoint references (this checkpoint and every later
+        one do not, nor does the running job)."""
+        candidates = self.lineages.take_unneeded(checkpoint_epoch)
+        if not candidates:
+            return
+        keep = referenced_paths([h for c in self.coordinator.completed_store.all() for h in c.handles.values()])
+        keep |= referenced_paths(self.lineages.live_handles())
+        doomed = [p for p in candidates if p not in keep]
+        try:
+            self.storage.lease.check()
+            for rel in doomed:
+                self.storage.fs.rm(self.storage.layout.resolve(rel))
+        except Exception as e:  # only garbage: the start-up collector removes what is left
+            log.warning("could not delete %d state files no checkpoint needs (%s); the next start-up "
+                        "garbage collection removes them", len(doomed), _summary(e))

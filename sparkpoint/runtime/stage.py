@@ -20,6 +20,7 @@ from sparkpoint.runtime.executor.subtask import (
     META_SUBTASK,
     EpochTask,
     OutputStep,
+    RestoreTask,
     output_schema_with_meta,
     where_am_i,
     with_meta,
@@ -131,6 +132,22 @@ def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:
     m = obs.get
     handles = [h for r in sorted(meta, key=lambda r: r[META_SUBTASK]) for h in json.loads(r[META_INFO])["sink"]]
     return EpochResult(None, int(m.get("n", 0)), m.get("max_ts"), {}, {}, {}, {}, handles)
+
+
+def restore_state(spark, task: RestoreTask, parallelism: int) -> dict[int, dict[str, Any]]:
+    """One small Spark job: every subtask rebuilds its restored state on an executor.
+    Returns each subtask's report (how, files, time)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = output_schema_with_meta(pa.schema([]))
+
+    def restore_subtask(table: pa.Table) -> pa.Table:
+        return task(table)
+
+    rows = spark.range(parallelism).select(F.col("id").cast("int").alias(SUBTASK_COL))
+    meta = rows.groupBy(SUBTASK_COL).applyInArrow(restore_subtask, from_arrow_schema(schema)).toArrow().to_pylist()
+    return {r[META_SUBTASK]: json.loads(r[META_INFO]) for r in meta}
 
 
 def split_meta(out: pa.Table, output_schema: pa.Schema) -> tuple[pa.Table, list[dict]]:

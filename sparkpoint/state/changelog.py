@@ -51,9 +51,14 @@ CHANGELOG_SCHEMA = pa.schema([pa.field("key", pa.binary(), nullable=False),
                               pa.field("value", pa.binary(), nullable=True)])  # null value = delete
 
 
+def state_participant_path(operator: str, subtask: int) -> str:
+    """The subtask's name below `shared/` (what snapshot uploads take)."""
+    return f"state/{operator}/{subtask}"
+
+
 def state_dir(operator: str, subtask: int) -> str:
     """Job-relative directory of one subtask's durable state files."""
-    return f"{SHARED_DIR}/state/{operator}/{subtask}"
+    return f"{SHARED_DIR}/{state_participant_path(operator, subtask)}"
 
 
 def changelog_path(operator: str, subtask: int, epoch: int) -> tuple[str, str]:

@@ -49,6 +49,15 @@ def _modified_time(info: dict[str, Any]) -> float | None:
     return None
 
 
+def _makedirs(directory: str) -> None:
+    """mkdir -p that reports a path blocked by a file as a storage failure (an unreachable
+    checkpoint directory), not as the FileExistsError that means "lost an exclusive create"."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        raise StorageError(f"cannot create directory {directory}: {e}") from e
+
+
 def _fsync_dir(directory: str) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -146,7 +155,7 @@ class StorageFS:
                 self.fs.put_file(local_path, path)
                 return
             parent = os.path.dirname(path)
-            os.makedirs(parent, exist_ok=True)
+            _makedirs(parent)
             tmp = f"{path}.tmp-{uuid.uuid4().hex}"
             try:
                 with open(local_path, "rb") as src, open(tmp, "wb") as dst:
@@ -166,7 +175,7 @@ class StorageFS:
         def run() -> None:
             if self.is_local:
                 parent = os.path.dirname(path)
-                os.makedirs(parent, exist_ok=True)
+                _makedirs(parent)
                 tmp = f"{path}.tmp-{uuid.uuid4().hex}"
                 with open(tmp, "wb") as f:
                     f.write(data)
@@ -183,7 +192,7 @@ class StorageFS:
         if self.is_local:
             parent = os.path.dirname(path)
             try:
-                os.makedirs(parent, exist_ok=True)
+                _makedirs(parent)
                 # Write the content in full under a private name, then link(2) it into
                 # place: link fails atomically if the target exists (also on NFS), and a
                 # reader never sees a half-written file.

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from sparkpoint.state.snapshot import verify_snapshot
+from sparkpoint.storage.inspect import verify_checkpoints
 from tests.e2e.harness import canonical
 from tests.e2e.storage_support import (
     completed_checkpoints,
@@ -62,6 +62,6 @@ def test_sigkill_and_restart_with_checkpoints_on_s3_is_exactly_once(tmp_path: Pa
     assert min(completed_ids(second)) > max(before)
     assert canonical(job.output(), drop=()) == expected
     after = completed_checkpoints(fs, layout)
-    for data in after.values():
-        for participant, handle in state_handles(data).items():
-            assert verify_snapshot(handle, fs, layout) == [], participant
+    assert after and all(state_handles(data) for data in after.values())
+    results = verify_checkpoints(fs, layout, after)  # every file of every handle: size and sha256, on S3
+    assert results and all(r.ok for r in results), [r for r in results if not r.ok]

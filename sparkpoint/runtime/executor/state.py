@@ -28,7 +28,7 @@ from sparkpoint.state.changelog import (
     changelog_path,
     decode_changes,
     encode_changes,
-    state_dir,
+    state_participant_path,
 )
 from sparkpoint.state.keys import key_group_range
 from sparkpoint.state.snapshot import SnapshotFile, SnapshotHandleIndex, check_local_file, sha256_file
@@ -243,7 +243,7 @@ class SubtaskState:
         shutil.rmtree(target, ignore_errors=True)
         self.store.create_local_checkpoint(target)
         previous = SnapshotHandleIndex.from_handles([lin.base] if lin.base is not None else [])
-        result = upload_snapshot(target, self.fs, self.layout, epoch, state_dir(lin.operator, lin.subtask),
+        result = upload_snapshot(target, self.fs, self.layout, epoch, state_participant_path(lin.operator, lin.subtask),
                                  previous=previous, hash_cache=HASH_CACHE, all_shared=True)
         for name in os.listdir(self.dir):  # keep only the newest local snapshot copy
             if name.startswith("snap-") and name != f"snap-{epoch}":
