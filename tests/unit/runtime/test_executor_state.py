@@ -156,3 +156,16 @@ def test_after_a_restore_a_corrupt_local_copy_is_never_used(tmp_path):
     info = json.loads(meta[0][META_INFO])
     assert info["state"]["how"] == "rebuild" and info["state"]["corrupt_local"] == [sst.name]
     assert [(r["user"], r["count"], r["sum"]) for r in data_out.to_pylist()] == [("ann", 3, 6)]
+
+
+def test_change_logs_a_snapshot_replaced_are_handed_out_for_deletion_once_past_a_checkpoint(tmp_path):
+    d = Driver(tmp_path, snapshot_every=2)
+    for i in range(3):
+        d.run(tmp_path / "a", ["ann"], [i])
+    lin = d.lineages.for_tasks()[0]
+    assert lin.base_epoch == 2 and lin.changelog == ()
+    assert d.lineages.take_unneeded(1) == []            # no checkpoint past the snapshot yet
+    unneeded = d.lineages.take_unneeded(2)
+    assert len(unneeded) == 3 and all("/log/" in p for p in unneeded)   # epochs 0-2, all in the base now
+    assert not set(unneeded) & {f.path for f in lin.files()}
+    assert d.lineages.take_unneeded(2) == []            # handed out once
