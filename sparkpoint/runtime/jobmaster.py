@@ -111,6 +111,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         self.final_done = False
         self.restored_from: int | None = None
         self._restoring = False
+        self._previous_barrier_epoch = -1  # for the bytes a checkpoint added to storage
         self._bad_checkpoints: dict[int, str] = {}
 
     # ------------------------------------------------------------------ participants

@@ -44,6 +44,13 @@ class SnapshotSteps:
             c.acknowledge(checkpoint_id, self.sink_participant, sink_handle)
         if self.operator is None:
             return
+        try:
+            self._ack_states(checkpoint_id, result)
+        finally:
+            self._previous_barrier_epoch = self.epoch
+
+    def _ack_states(self, checkpoint_id: int, result) -> None:
+        c = self.coordinator
         for subtask in range(self.P):
             participant = self.state_participant(subtask)
             error = result.sync_errors.get(subtask)
@@ -63,6 +70,7 @@ class SnapshotSteps:
 
     def _ack_state(self, checkpoint_id: int, participant: str, handle: dict) -> None:
         started = time.monotonic()
+        since_epoch = self._previous_barrier_epoch
         cancelled = self.gateway.cancel_event(checkpoint_id)
 
         def confirm(cancel: threading.Event) -> dict:
@@ -87,7 +95,13 @@ class SnapshotSteps:
                 log.warning("checkpoint %d: ack of %s dropped by fault injection", checkpoint_id, participant)
                 return
             files = handle["changelog"]["files"] + ((handle.get("base") or {}).get("files") or [])
-            metrics = {"bytes": sum(int(f["size"]) for f in handle["changelog"]["files"]),
+            base = handle.get("base") or {}
+            # What this checkpoint added to storage: change logs and snapshot uploads since
+            # the previous barrier (the checkpoint itself uploads nothing).
+            written = sum(int(f["size"]) for f in handle["changelog"]["files"] if int(f["epoch"]) > since_epoch)
+            if int(handle.get("base_epoch", -1)) > since_epoch:
+                written += int(base.get("bytes_uploaded", 0))
+            metrics = {"bytes": written,
                        "state_bytes": sum(int(f["size"]) for f in files),
                        "changelogs": len(handle["changelog"]["files"]),
                        "async_ms": int((time.monotonic() - started) * 1000)}
