@@ -50,3 +50,37 @@ def test_sigusr1_triggers_the_checkpoint_on_another_thread_never_inside_the_hand
         job._requests.put(None)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class RecordingSink(ParquetSink):
+    recovered: list = []
+
+    def recover(self, handle):
+        RecordingSink.recovered.append(handle)
+        super().recover(handle)
+
+
+def test_a_run_fenced_out_before_it_restores_never_touches_the_sinks_output(tmp_path):
+    """Issue 9.7: a run that lost its lease must not recover (delete staged output of)
+    the sink the new holder uses."""
+    from sparkpoint.errors import LeaseLostError
+    from sparkpoint.storage.lease import LeaseRecord
+
+    class TakenOver(JobMaster):
+        def _restore(self):
+            mine = self.storage.lease.record
+            newer = LeaseRecord(mine.job_name, "newer-run", "other-host", 1, mine.token + 1,
+                                mine.acquired_ms, mine.heartbeat_ms, mine.ttl_ms)
+            self.storage.fs.write_atomic(self.storage.layout.lease_token(mine.token + 1), newer.encode())
+            super()._restore()
+
+    RecordingSink.recovered = []
+    pipeline = (Pipeline("fenced").source(GeneratorSource("g", keys=10, total_events=10))
+                .stateful(KeyedAggregate("agg", ["key"], "value", value_type="bigint"))
+                .sink(RecordingSink(str(tmp_path / "out"))))
+    settings = Settings.load(None, [f"execution.checkpointing.dir={tmp_path / 'chk'}",
+                                    f"state.local.dir={tmp_path / 'state'}", "sparkpoint.progress=false"],
+                             base={"pipeline.name": "fenced"})
+    with pytest.raises(LeaseLostError, match="fenced out"):
+        TakenOver(pipeline, settings, spark=object()).run()
+    assert RecordingSink.recovered == []
