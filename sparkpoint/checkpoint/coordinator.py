@@ -259,6 +259,13 @@ class CheckpointCoordinator:
         log.info("periodic checkpoints of job %s start in %d ms, every %d ms",
                  self.job_name, delay, self.config.interval_ms)
 
+    def resume(self) -> None:
+        """End a suspension (`suspend_and_settle`) without starting periodic checkpoints:
+        for jobs whose periodic checkpointing is disabled, which still take forced ones
+        (e.g. the final checkpoint of a bounded input)."""
+        with self._lock:
+            self._suspended = False
+
     def stop_scheduler(self) -> None:
         """Stop periodic triggers and abort every pending checkpoint and every trigger
         still waiting for storage (not counted)."""

@@ -240,6 +240,8 @@ class JobMaster(RestoreSteps, SnapshotSteps):
             try:
                 self._restore()
                 self.status.transition(JobStatus.RUNNING)
+                if not self.settings.checkpointing_enabled:
+                    self.coordinator.resume()  # no periodic checkpoints, but forced ones (the final one)
                 self._epoch_loop()
                 if self._fatal is not None:
                     raise self._fatal

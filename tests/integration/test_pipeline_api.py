@@ -130,3 +130,21 @@ def test_bad_starts_are_refused_with_one_clear_error_and_touch_no_output(spark, 
         JobMaster(pipeline(out), _settings(tmp_path, **{"execution.checkpointing.dir": str(tmp_path / "other")}),
                   spark=spark).run()
     assert sorted(p.name for p in out.iterdir()) == committed
+
+
+def test_a_bounded_job_with_periodic_checkpoints_disabled_commits_its_output_once_and_finishes(spark, tmp_path):
+    """The final checkpoint is forced: it must run although periodic checkpointing is off
+    (a suspended coordinator used to refuse it forever and the job replayed its input)."""
+    from sparkpoint import KeyedAggregate
+
+    pipeline = (Pipeline("nockpt").source(GeneratorSource("g", keys=50, total_events=4_000, max_records_per_epoch=1_000))
+                .stateful(KeyedAggregate("agg", ["key"], "value", value_type="bigint"))
+                .sink(ParquetSink(str(tmp_path / "out"))))
+    result = JobMaster(pipeline, _settings(tmp_path, **{"execution.checkpointing.enabled": False}), spark=spark).run()
+    assert result.status is JobStatus.FINISHED and result.restarts == 0
+    assert result.completed_checkpoints == 1 and result.failed_checkpoints == 0
+    rows = ds.dataset(str(tmp_path / "out"), format="parquet", partitioning="hive").to_table().to_pylist()
+    final = {}
+    for r in sorted(rows, key=lambda r: r["epoch"]):
+        final[r["key"]] = r["count"]
+    assert sum(final.values()) == 4_000
