@@ -69,8 +69,7 @@ def changelog_path(operator: str, subtask: int, epoch: int) -> tuple[str, str]:
 
 
 def encode_changes(writes: Mapping[bytes, bytes | None]) -> bytes:
-    keys = sorted(writes)
-    table = pa.Table.from_arrays([pa.array(keys, pa.binary()), pa.array([writes[k] for k in keys], pa.binary())],
+    table = pa.Table.from_arrays([pa.array(list(writes.keys()), pa.binary()), pa.array(list(writes.values()), pa.binary())],
                                  schema=CHANGELOG_SCHEMA)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, CHANGELOG_SCHEMA) as writer:

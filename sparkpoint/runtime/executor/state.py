@@ -11,6 +11,7 @@ Local layout under `state.local.dir` (on each executor's own disk):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -31,7 +32,7 @@ from sparkpoint.state.changelog import (
     state_participant_path,
 )
 from sparkpoint.state.keys import key_group_range
-from sparkpoint.state.snapshot import SnapshotFile, SnapshotHandleIndex, check_local_file, sha256_file
+from sparkpoint.state.snapshot import SnapshotFile, SnapshotHandleIndex, check_local_file
 from sparkpoint.state.store import SubtaskStateStore
 from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.layout import JobLayout
@@ -168,8 +169,6 @@ class SubtaskState:
         except FileNotFoundError:
             raise CorruptSnapshotError(f"change log {c.file.path} (epoch {c.epoch}) is missing from checkpoint "
                                        "storage; restore from another checkpoint") from None
-        import hashlib
-
         if len(raw) != c.file.size or hashlib.sha256(raw).hexdigest() != c.file.sha256:
             raise CorruptSnapshotError(f"change log {c.file.path} (epoch {c.epoch}) fails verification: "
                                        f"{len(raw)} bytes, expected {c.file.size} with sha256 {c.file.sha256[:16]}…; "
@@ -187,11 +186,12 @@ class SubtaskState:
         name, path = changelog_path(self.lineage.operator, self.lineage.subtask, epoch)
         os.makedirs(self.pending_dir, exist_ok=True)
         local = os.path.join(self.pending_dir, name)
+        # No fsync here: this copy matters only while storage refuses the upload, and a
+        # crash of this machine loses the local store it belongs to as well. The upload
+        # itself is fsynced (StorageFS.put_file) before the epoch commits.
         with open(local, "wb") as f:
             f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        file = SnapshotFile(name, path, len(raw), sha256_file(local), shared=True)
+        file = SnapshotFile(name, path, len(raw), hashlib.sha256(raw).hexdigest(), shared=True)
         durable = self._upload(local, file)
         entry = ChangelogFile(epoch, file, durable)
         store.commit_epoch(epoch, output, {"ref": entry.ref, "parent": self.lineage.tip_ref, "entry": entry.to_json()})
