@@ -48,7 +48,7 @@ def subtask_dir(local_root: str, operator: str, subtask: int) -> str:
 class StateReport:
     """What happened to the local store before the epoch ran (sent to the driver)."""
 
-    how: str = "local"  # local | retry | catch-up | rebuild
+    how: str = "local"  # local | retry | catch-up | rebuild | fresh
     replayed: int = 0
     rebuild_ms: int = 0
     bytes_downloaded: int = 0
@@ -101,7 +101,8 @@ class SubtaskState:
             store.close()
         started = time.perf_counter()
         self.store = self._rebuild()
-        self.report.how = "rebuild"
+        # A job's very first epoch starts from nothing: not a rebuild.
+        self.report.how = "fresh" if lin.epoch == NO_EPOCH and lin.base is None else "rebuild"
         self.report.rebuild_ms = int((time.perf_counter() - started) * 1000)
         return self.store
 
