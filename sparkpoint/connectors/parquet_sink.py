@@ -53,7 +53,7 @@ from fsspec.registry import known_implementations
 from sparkpoint.connectors.base import EpochWriter, Sink
 from sparkpoint.connectors.spark_file_log import DEFAULT_INTERVAL, LOG_DIR, LogState, SparkFileLog, entry
 from sparkpoint.errors import ConfigError, CorruptCheckpointError, StorageError
-from sparkpoint.storage.fs import StorageFS
+from sparkpoint.storage.fs import StorageFS, fsync_dir
 from sparkpoint.storage.objectstore import supports_exclusive_create
 
 log = logging.getLogger(__name__)
@@ -84,21 +84,6 @@ def resolve_output_url(path: str | os.PathLike) -> str:
         raise ConfigError(f"sink path {text!r} looks like a {prefix}:// URL but is not one; "
                           f"write it as {prefix}://bucket/prefix (or ./{text} for a local directory)")
     return os.path.abspath(text)
-
-
-def _fsync_dir(directory: str) -> None:
-    """Make a rename or a new entry in `directory` survive a power cut (best effort:
-    some network filesystems refuse to open a directory)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _open(url: str, storage_options: Mapping[str, Any] | None) -> StorageFS:
@@ -135,8 +120,8 @@ class ParquetEpochWriter(EpochWriter):
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync_dir(directory)
-            _fsync_dir(os.path.dirname(directory))
+            fsync_dir(directory)
+            fsync_dir(os.path.dirname(directory))
         else:
             storage.fs.pipe_file(target, data.to_pybytes())  # one PUT: durable once acknowledged
         return [{"epoch": int(epoch), "part": int(part), "path": relative, "size": data.size,
@@ -241,7 +226,7 @@ class ParquetSink(Sink):
         for f in new:
             self._publish_file(f, checkpoint, verify_sha256)
         if new and self._storage.is_local:
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         entries = [entry(self._log.uri(_published(f["path"])), f["size"]) for f in new]
         for attempt in range(5):
             if not entries:
@@ -284,7 +269,7 @@ class ParquetSink(Sink):
         if fs.is_local:
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             os.replace(src, dst)
-            _fsync_dir(os.path.dirname(dst))
+            fsync_dir(os.path.dirname(dst))
         else:
             try:
                 fs.fs.copy(src, dst)  # server-side copy; the object appears whole or not at all

@@ -58,7 +58,7 @@ def _makedirs(directory: str) -> None:
         raise StorageError(f"cannot create directory {directory}: {e}") from e
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -168,7 +168,7 @@ class StorageFS:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
                 raise
-            _fsync_dir(parent)
+            fsync_dir(parent)
         self._io("upload", path, run)
 
     def write_atomic(self, path: str, data: bytes) -> None:
@@ -182,7 +182,7 @@ class StorageFS:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
-                _fsync_dir(parent)  # the rename itself must survive a power cut
+                fsync_dir(parent)  # the rename itself must survive a power cut
             else:
                 self.fs.pipe_file(path, data)
         self._io("write", path, run)
@@ -211,7 +211,7 @@ class StorageFS:
                             raise
                 finally:
                     os.unlink(tmp)
-                _fsync_dir(parent)
+                fsync_dir(parent)
             except FileExistsError:
                 raise
             except OSError as e:

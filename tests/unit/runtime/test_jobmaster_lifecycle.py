@@ -22,13 +22,18 @@ class BrokenSink(ParquetSink):
         raise ConfigError("the output topic does not exist")
 
 
-def test_a_setup_that_fails_half_way_releases_the_lease_so_the_next_run_is_not_refused(tmp_path):
-    pipeline = (Pipeline("halfway").source(GeneratorSource("g", keys=10, total_events=10))
+def _job(tmp_path, name: str, sink: ParquetSink) -> tuple[Pipeline, Settings]:
+    pipeline = (Pipeline(name).source(GeneratorSource("g", keys=10, total_events=10))
                 .stateful(KeyedAggregate("agg", ["key"], "value", value_type="bigint"))
-                .sink(BrokenSink(str(tmp_path / "out"))))
+                .sink(sink))
     settings = Settings.load(None, [f"execution.checkpointing.dir={tmp_path / 'chk'}",
                                     f"state.local.dir={tmp_path / 'state'}", "sparkpoint.progress=false"],
-                             base={"pipeline.name": "halfway"})
+                             base={"pipeline.name": name})
+    return pipeline, settings
+
+
+def test_a_setup_that_fails_half_way_releases_the_lease_so_the_next_run_is_not_refused(tmp_path):
+    pipeline, settings = _job(tmp_path, "halfway", BrokenSink(str(tmp_path / "out")))
     for _ in range(2):  # the second run meets the same sink error, not "job is held by run ..."
         with pytest.raises(ConfigError, match="output topic does not exist"):
             JobMaster(pipeline, settings, spark=object()).run()
@@ -75,12 +80,7 @@ def test_a_run_fenced_out_before_it_restores_never_touches_the_sinks_output(tmp_
             super()._restore()
 
     RecordingSink.recovered = []
-    pipeline = (Pipeline("fenced").source(GeneratorSource("g", keys=10, total_events=10))
-                .stateful(KeyedAggregate("agg", ["key"], "value", value_type="bigint"))
-                .sink(RecordingSink(str(tmp_path / "out"))))
-    settings = Settings.load(None, [f"execution.checkpointing.dir={tmp_path / 'chk'}",
-                                    f"state.local.dir={tmp_path / 'state'}", "sparkpoint.progress=false"],
-                             base={"pipeline.name": "fenced"})
+    pipeline, settings = _job(tmp_path, "fenced", RecordingSink(str(tmp_path / "out")))
     with pytest.raises(LeaseLostError, match="fenced out"):
         TakenOver(pipeline, settings, spark=object()).run()
     assert RecordingSink.recovered == []
