@@ -102,7 +102,12 @@ def _free_port() -> int:
 
 def _random_cluster_id() -> str:
     # The format `kafka-storage random-uuid` prints: url-safe base64 of 16 bytes, unpadded.
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # One in 64 starts with "-", which kafka-storage's argument parser takes for an option
+    # ("--cluster-id: expected one argument"): draw again (Kafka's own tool does the same).
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class KafkaBroker:

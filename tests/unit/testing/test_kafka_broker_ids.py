@@ -1,0 +1,17 @@
+"""The local broker's cluster id is passed on kafka-storage's command line: an id
+starting with "-" made one start in 64 fail ("--cluster-id: expected one argument")."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+from sparkpoint.testing import kafka_broker
+
+
+def test_cluster_ids_never_start_with_a_dash(monkeypatch):
+    dash_first = uuid.UUID(bytes=base64.urlsafe_b64decode("-" + "A" * 21 + "=="))
+    draws = iter([dash_first, uuid.uuid4()])
+    monkeypatch.setattr(kafka_broker.uuid, "uuid4", lambda: next(draws))
+    cluster_id = kafka_broker._random_cluster_id()
+    assert not cluster_id.startswith("-") and len(cluster_id) == 22
