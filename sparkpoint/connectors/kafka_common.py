@@ -79,7 +79,9 @@ def _merge(bootstrap_servers: str, client_config: Mapping[str, Any] | None,
     if clashes:
         raise ConfigError(f"client_config may not set {clashes}: the Kafka connector sets "
                           "them itself because exactly-once depends on them; remove them")
-    merged: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **user}
+    # librdkafka logs every failed reconnect (several lines a second per client while a
+    # broker is down) straight to stderr; through Python logging they are rate limited.
+    merged: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOG, **user}
     merged.update({k.replace("_", "."): v for k, v in fixed.items()})
     return merged
 
@@ -120,6 +122,32 @@ def decode_json(df: Any, schema: str, column: str = "value", into: str = "data")
 
 
 # -- logging without alarm storms ----------------------------------------------------------
+class _OncePerInterval(logging.Filter):
+    """Lets one record per (client facility, level) through every `interval_s`."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last: dict[tuple, float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        key = (record.levelno, args[1] if len(args) > 1 else record.msg)
+        with self._lock:
+            now = self._clock()
+            last = self._last.get(key)
+            if last is not None and now - last < self._interval_s:
+                return False
+            self._last[key] = now
+        return True
+
+
+LIBRDKAFKA_LOG = logging.getLogger("sparkpoint.kafka.librdkafka")
+LIBRDKAFKA_LOG.addFilter(_OncePerInterval(30.0))
+
+
 class RateLimitedLog:
     """Logs at most once per `interval_s`; the next line that gets through says how
     many were suppressed. A broker outage then costs one line per interval, not one

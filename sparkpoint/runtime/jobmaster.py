@@ -324,7 +324,9 @@ class JobMaster(RestoreSteps, SnapshotSteps):
                 self._finish()
                 return
             plan = self.source.plan(self.positions)
-            if plan.empty and not self.gateway.has_barrier():
+            # The first epoch after a restore runs even with no input: until it has, the
+            # state participants count as restoring and every checkpoint is refused.
+            if plan.empty and not self.gateway.has_barrier() and not self._restoring:
                 self.progress.maybe_report()
                 time.sleep(self.settings.idle_pause_ms / 1000)
                 continue

@@ -132,6 +132,10 @@ class Proc:
         with self._cond:
             return "\n".join(self.lines)
 
+    def tail(self, n: int = 60) -> str:
+        """The last `n` lines the job itself wrote (librdkafka's own '%' lines left out)."""
+        return "\n".join([line for line in self.lines if not line.startswith("%")][-n:])
+
     def wait_for(self, pattern: str, timeout: float = 120, start_at: int = 0) -> re.Match:
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
@@ -147,10 +151,10 @@ class Proc:
                     self._cond.wait(0.2)
                     if i >= len(self.lines):
                         raise AssertionError(f"process exited ({self.popen.returncode}) before /{pattern}/:\n"
-                                             + "\n".join(self.lines[-60:]))
+                                             + self.tail())
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"timed out waiting for /{pattern}/:\n" + "\n".join(self.lines[-60:]))
+                    raise AssertionError(f"timed out waiting for /{pattern}/:\n" + self.tail())
                 self._cond.wait(min(left, 0.5))
 
     def count(self, pattern: str) -> int:
