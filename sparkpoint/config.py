@@ -96,6 +96,14 @@ class Settings(_Model):
     progress: bool = Field(True, alias="sparkpoint.progress")
     progress_interval_ms: int = Field(1_000, alias="sparkpoint.progress.interval")
     metrics_port: int | None = Field(None, alias="metrics.prometheus.port")
+    # The job's REST API, dashboard and /metrics (docs/operations.md). Flink's port; 0 = any
+    # free port. The address taken is recorded in the job's lease, where the CLI finds it.
+    rest_enabled: bool = Field(True, alias="rest.enabled")
+    rest_port: int = Field(8081, alias="rest.port")
+    rest_bind_address: str = Field("127.0.0.1", alias="rest.bind-address")
+    # Required when rest.bind-address is not a loopback address: anyone who can reach the
+    # port could otherwise stop the job.
+    rest_token: str | None = Field(None, alias="rest.token")
     alarm_webhook: str | None = Field(None, alias="alarms.webhook-url")
     # Failure rehearsal: rules for sparkpoint.faults (see docs/faults.md).
     faults: list[dict[str, Any]] = Field(default_factory=list, alias="sparkpoint.faults")
@@ -117,6 +125,13 @@ class Settings(_Model):
             raise ValueError("must be greater than 0")
         return v
 
+    @field_validator("rest_port")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if not 0 <= v <= 65535:
+            raise ValueError("must be a TCP port (0 = any free port)")
+        return v
+
     @field_validator("tolerable_failed_checkpoints", "checkpoint_min_pause_ms")
     @classmethod
     def _non_negative(cls, v: int) -> int:
@@ -130,6 +145,10 @@ class Settings(_Model):
                 f"parallelism.default={self.parallelism} exceeds pipeline.max-parallelism="
                 f"{self.max_parallelism}: each subtask needs at least one key group; raise "
                 f"pipeline.max-parallelism or lower parallelism.default")
+        if self.rest_enabled and not self.rest_token and not _is_loopback(self.rest_bind_address):
+            raise ConfigError(
+                f"rest.bind-address={self.rest_bind_address} is reachable from other machines: set "
+                f"rest.token too (clients send it as 'Authorization: Bearer <token>'), or bind 127.0.0.1")
 
     # -------------------------------------------------------------------------------
     @classmethod
@@ -173,6 +192,17 @@ class Settings(_Model):
             bad = data.get(alias, "<missing>")
             msg = str(err["msg"]).removeprefix("Value error, ")
             raise ConfigError(f"bad value for {alias}: {bad!r}: {msg}") from None
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any], dict_keys: set[str]) -> None:

@@ -156,7 +156,10 @@ class JobMaster(RestoreSteps, SnapshotSteps):
             self.status.add_listener(lambda old, new, err: self.coordinator.job_status_changed(new.value))
         self.source.bind_metrics(self.coordinator.stats.registry)
         self.progress = ProgressReporter(self, enabled=s.progress, interval_ms=s.progress_interval_ms)
-        if s.metrics_port:
+        if s.rest_enabled:  # REST API, dashboard, /metrics (also on metrics.prometheus.port); address in the lease
+            from sparkpoint.runtime.rest import start_rest_server
+            self.rest = start_rest_server(self)
+        elif s.metrics_port:
             from prometheus_client import start_http_server
             start_http_server(s.metrics_port, addr="127.0.0.1", registry=self.coordinator.stats.registry)
         if self._spark is None:
@@ -296,6 +299,8 @@ class JobMaster(RestoreSteps, SnapshotSteps):
                     connector.close()
                 except Exception:
                     log.exception("closing %s failed", connector.name)
+            if getattr(self, "rest", None) is not None:
+                self.rest.close()  # last: a stop's caller may still be fetching its outcome
 
     def _result(self) -> JobResult:
         stats = self.coordinator.stats.snapshot()

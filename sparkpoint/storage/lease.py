@@ -75,6 +75,9 @@ class LeaseRecord:
     # The holder's PID namespace: a pid means nothing across containers that share a
     # hostname, so "holder's process is gone" is judged only inside the same namespace.
     pidns: str | None = None
+    # Where the holder serves its REST API ("http://127.0.0.1:8081"): how `sparkpoint
+    # status/checkpoint/savepoint/stop` reach the running job. None: no server (yet).
+    rest_address: str | None = None
 
     @property
     def expires_at_ms(self) -> int:
@@ -94,7 +97,8 @@ class LeaseRecord:
         return cls(job_name=str(doc["job_name"]), run_id=str(doc["run_id"]), host=str(doc["host"]),
                    pid=int(doc["pid"]), token=int(doc["token"]), acquired_ms=int(doc["acquired_ms"]),
                    heartbeat_ms=int(doc["heartbeat_ms"]), ttl_ms=int(doc["ttl_ms"]),
-                   released=bool(doc.get("released", False)), pidns=doc.get("pidns"))
+                   released=bool(doc.get("released", False)), pidns=doc.get("pidns"),
+                   rest_address=doc.get("rest_address"))
 
     def to_dict(self) -> dict:
         return {**asdict(self), "expires_at_ms": self.expires_at_ms}
@@ -162,6 +166,7 @@ class JobLease:
         self._record: LeaseRecord | None = None
         self._trusted_until = 0.0
         self._lost: LeaseLostError | None = None
+        self._rest_address: str | None = None
 
     # -- state ---------------------------------------------------------------------
     @property
@@ -201,7 +206,7 @@ class JobLease:
             token = (tokens[-1] if tokens else 0) + 1
             record = LeaseRecord(job_name=self._layout.job_name, run_id=self.run_id, host=self.host,
                                  pid=self.pid, token=token, acquired_ms=now, heartbeat_ms=now,
-                                 ttl_ms=self.ttl_ms, pidns=self.pidns)
+                                 ttl_ms=self.ttl_ms, pidns=self.pidns, rest_address=self._rest_address)
             try:
                 self._fs.create_exclusive(self._layout.lease_token(token), record.encode())
             except FileExistsError:
@@ -231,6 +236,19 @@ class JobLease:
                         "taking over without waiting for the lease to expire", current.job_name, current.run_id,
                         current.pid)
         return dead
+
+    def publish_rest_address(self, address: str | None) -> None:
+        """Record where this run serves its REST API, now (if the lease is held) and in every
+        later record. Raises StorageError if the record cannot be rewritten now; the next
+        heartbeat writes it then."""
+        with self._lock:
+            self._rest_address = address
+            record = self._record
+            if record is None or self._lost is not None:
+                return
+            updated = replace(record, rest_address=address)
+            self._record = updated  # heartbeats rewrite the record from here
+            self._fs.write_atomic(self._layout.lease_token(record.token), updated.encode())
 
     def heartbeat(self) -> None:
         """Renew. Raises LeaseLostError if a newer run took over, StorageError if the
