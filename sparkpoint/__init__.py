@@ -20,6 +20,7 @@ from sparkpoint.connectors.files import FileSource
 from sparkpoint.connectors.generator import GeneratorSource
 from sparkpoint.connectors.parquet_sink import ParquetSink
 from sparkpoint.job import run
+from sparkpoint.runtime.state_reader import read_state, read_timers
 
 _pipeline.set_launcher(run)  # Pipeline.run -> sparkpoint.job.run (the builder does not import the runtime)
 
@@ -28,5 +29,5 @@ __version__ = "0.1.0"
 __all__ = [
     "run", "Pipeline", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "KeyedAggregate", "TumblingWindow",
     "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState", "MapState",
-    "TimerValues", "ExpiredTimerInfo",
+    "TimerValues", "ExpiredTimerInfo", "read_state", "read_timers",
 ]

@@ -1,0 +1,84 @@
+"""The declared state of a pipeline's stateful operator, as a
+`sparkpoint.state.descriptor.OperatorStateSchema`: what the state reader needs to
+decode that operator's stored bytes.
+
+A `StatefulProcessor` declares its states in `init(handle)`, so a fresh processor is
+initialized against a handle that only records the declarations (the way Flink's
+State Processor API reads keyed state through the state descriptors the job used).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from sparkpoint.api.aggregate import KeyedAggregate
+from sparkpoint.api.processor import ProcessorOperator, StatefulProcessorHandle
+from sparkpoint.api.window import TumblingWindow
+from sparkpoint.errors import ConfigError
+from sparkpoint.state.codec import SchemaLike, parse_schema
+from sparkpoint.state.descriptor import OperatorStateSchema, StateVariable
+from sparkpoint.state.interfaces import StatefulOperator
+
+
+class _RecordingHandle(StatefulProcessorHandle):
+    """Records each declared state; the state objects it returns are never used."""
+
+    def __init__(self, processor_name: str, time_mode: str):
+        super().__init__(None, processor_name, time_mode)  # type: ignore[arg-type]
+        self.recorded: list[StateVariable] = []
+
+    def getValueState(self, stateName: str, schema: SchemaLike, ttlDurationMs: int | None = None):
+        self._record(stateName, "value", schema)
+        return super().getValueState(stateName, schema, ttlDurationMs)
+
+    def getListState(self, stateName: str, schema: SchemaLike, ttlDurationMs: int | None = None):
+        self._record(stateName, "list", schema)
+        return super().getListState(stateName, schema, ttlDurationMs)
+
+    def getMapState(self, stateName: str, userKeySchema: SchemaLike, valueSchema: SchemaLike,
+                    ttlDurationMs: int | None = None):
+        self._record(stateName, "map", valueSchema, userKeySchema)
+        return super().getMapState(stateName, userKeySchema, valueSchema, ttlDurationMs)
+
+    def _record(self, name: str, kind: str, schema: SchemaLike, map_key: SchemaLike | None = None) -> None:
+        if any(s.name == name for s in self.recorded):
+            return  # a second declaration of the same state; the handle checks the kind
+        self.recorded.append(StateVariable(
+            name, kind, parse_schema(schema, f"state {name!r}"),  # type: ignore[arg-type]
+            parse_schema(map_key, f"map key of state {name!r}") if map_key is not None else None))
+
+
+def describe(operator: Any) -> OperatorStateSchema:
+    """The state schema of `operator` (a stateful operator, or a Pipeline holding one)."""
+    op = getattr(operator, "stateful_", operator)
+    if op is None:
+        raise ConfigError("the pipeline has no stateful step, so it keeps no keyed state to read")
+    key_schema = _known_key_schema(op)
+    if isinstance(op, KeyedAggregate):
+        return OperatorStateSchema(op.name, "aggregate", tuple(op.key_columns), key_schema, aggs=op.aggs,
+                                   value_type=_value_type_name(op.value_type))
+    if isinstance(op, TumblingWindow):
+        return OperatorStateSchema(op.name, "window", tuple(op.key_columns), key_schema, aggs=op.aggs,
+                                   value_type=_value_type_name(op.value_type), size_ms=op.size_ms,
+                                   allowed_lateness_ms=op.allowed_lateness_ms)
+    if isinstance(op, ProcessorOperator):
+        handle = _RecordingHandle(op.name, op.time_mode)
+        processor = op._new_processor()
+        processor.init(handle)
+        return OperatorStateSchema(op.name, "processor", tuple(op.key_columns), key_schema,
+                                   states=tuple(handle.recorded), time_mode=op.time_mode)
+    if isinstance(op, StatefulOperator):
+        raise ConfigError(f"operator {getattr(op, 'name', op)!r} is a {type(op).__name__}; the state reader "
+                          "knows KeyedAggregate, TumblingWindow and ProcessorOperator")
+    raise ConfigError(f"expected a stateful operator or a Pipeline, got {type(operator).__name__}")
+
+
+def _known_key_schema(op: Any) -> pa.Schema | None:
+    keys = getattr(op, "keys", None)
+    return getattr(keys, "schema", None)
+
+
+def _value_type_name(t: pa.DataType) -> str:
+    return "double" if pa.types.is_floating(t) else "bigint"

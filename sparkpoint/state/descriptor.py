@@ -1,0 +1,191 @@
+"""What a reader must know to turn one operator's stored bytes back into typed rows:
+its key columns and their types, and each state it keeps (built-in aggregate or
+window records; a processor's value, list and map states with their declared
+schemas). Plain JSON, so it can travel to Spark executors and be recorded next to
+a checkpoint's state handles; Arrow schemas are kept as base64 Arrow IPC schema
+messages (a flatbuffer, never a pickle).
+
+    {"format": "sparkpoint/state-schema", "version": 1, "operator": "counts",
+     "type": "processor", "key_columns": ["key"], "key_schema": "<b64>" | null,
+     "time_mode": "eventtime",
+     "states": [{"name": "seen", "kind": "list", "schema": "<b64>", "map_key_schema": null}, ...]}
+    {..., "type": "aggregate", "aggs": ["count", "sum"], "value_type": "double"}
+    {..., "type": "window", "aggs": ["count"], "value_type": "double", "size_ms": 60000,
+     "allowed_lateness_ms": 0}
+
+How rows look (`output_schema`): the key columns first, then
+  - aggregate: the declared aggs (count BIGINT; sum/min/max in the value type, null
+    for a key that saw only null values), i.e. the operator's latest totals;
+  - window: window_start, window_end (epoch ms), count [, sum], fired (BOOLEAN): one
+    row per key and window still held;
+  - processor: one column per state, named after it; a schema with one field is read
+    as that field's type, with several as a struct: value state -> that type (null
+    where the key has none), list state -> array of it, map state -> map from the map
+    key's type to the value's type.
+Timers (`timer_schema`): the key columns, then for a processor `expiry_ms`; for a
+window `window_start`, `timer` ('fire' | 'cleanup') and `expiry_ms`.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Mapping
+
+import pyarrow as pa
+
+from sparkpoint.errors import ConfigError, StateSchemaError
+
+SCHEMA_FORMAT = "sparkpoint/state-schema"
+SCHEMA_VERSION = 1
+OperatorType = Literal["aggregate", "window", "processor"]
+StateKind = Literal["value", "list", "map"]
+_VALUE_TYPES = {"double": pa.float64(), "bigint": pa.int64()}
+
+
+def schema_to_b64(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def schema_from_b64(raw: str, what: str) -> pa.Schema:
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(raw)))
+    except (ValueError, TypeError, pa.ArrowInvalid) as e:
+        raise StateSchemaError(f"{what} is not a readable Arrow schema ({e})") from None
+
+
+def column_type(schema: pa.Schema) -> pa.DataType:
+    """One field: that field's type; several: a struct of them."""
+    return schema.field(0).type if len(schema) == 1 else pa.struct(list(schema))
+
+
+@dataclass(frozen=True)
+class StateVariable:
+    name: str
+    kind: StateKind
+    schema: pa.Schema
+    map_key_schema: pa.Schema | None = None
+
+    @property
+    def namespace(self) -> str:
+        # The namespace StatefulProcessorHandle gives it (sparkpoint.api.processor).
+        return f"{self.kind}:{self.name}"
+
+    def column(self) -> pa.Field:
+        value = column_type(self.schema)
+        if self.kind == "list":
+            return pa.field(self.name, pa.list_(value))
+        if self.kind == "map":
+            return pa.field(self.name, pa.map_(column_type(self.map_key_schema), value))
+        return pa.field(self.name, value)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "schema": schema_to_b64(self.schema),
+                "map_key_schema": schema_to_b64(self.map_key_schema) if self.map_key_schema else None}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "StateVariable":
+        what = f"state {raw.get('name')!r}"
+        mk = raw.get("map_key_schema")
+        return cls(str(raw["name"]), raw["kind"], schema_from_b64(raw["schema"], what),
+                   schema_from_b64(mk, what) if mk else None)
+
+
+@dataclass(frozen=True)
+class OperatorStateSchema:
+    operator: str
+    type: OperatorType
+    key_columns: tuple[str, ...]
+    key_schema: pa.Schema | None = None
+    states: tuple[StateVariable, ...] = ()
+    aggs: tuple[str, ...] = ()
+    value_type: str = "double"
+    size_ms: int = 0
+    allowed_lateness_ms: int = 0
+    time_mode: str = "none"
+
+    def with_key_schema(self, schema: pa.Schema) -> "OperatorStateSchema":
+        missing = [c for c in self.key_columns if c not in schema.names]
+        if missing:
+            raise StateSchemaError(f"operator {self.operator!r}: key schema {schema} lacks key column(s) {missing}")
+        return replace(self, key_schema=pa.schema([schema.field(c) for c in self.key_columns]))
+
+    def key_fields(self) -> list[pa.Field]:
+        if self.key_schema is None:
+            raise StateSchemaError(f"operator {self.operator!r}: the types of key columns {list(self.key_columns)} "
+                                   "are not known; pass key_schema=... (e.g. 'key BIGINT')")
+        return list(self.key_schema)
+
+    @property
+    def arrow_value_type(self) -> pa.DataType:
+        return _VALUE_TYPES[self.value_type]
+
+    def state(self, namespace: str) -> StateVariable | None:
+        return next((s for s in self.states if s.namespace == namespace), None)
+
+    # -- what a read returns -----------------------------------------------------------
+    def output_schema(self) -> pa.Schema:
+        keys = self.key_fields()
+        if self.type == "aggregate":
+            types = {"count": pa.int64(), "sum": self.arrow_value_type, "min": self.arrow_value_type,
+                     "max": self.arrow_value_type}
+            cols = [pa.field(a, types[a]) for a in self.aggs]
+        elif self.type == "window":
+            cols = [pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64()),
+                    pa.field("count", pa.int64())]
+            if "sum" in self.aggs:
+                cols.append(pa.field("sum", self.arrow_value_type))
+            cols.append(pa.field("fired", pa.bool_()))
+        else:
+            cols = [s.column() for s in self.states]
+        return self._checked(keys, cols)
+
+    def timer_schema(self) -> pa.Schema:
+        keys = self.key_fields()
+        if self.type == "aggregate":
+            raise ConfigError(f"operator {self.operator!r} is a KeyedAggregate, which keeps no timers; read its state "
+                              "with read_state")
+        if self.type == "window":
+            cols = [pa.field("window_start", pa.int64()), pa.field("timer", pa.string()),
+                    pa.field("expiry_ms", pa.int64())]
+        else:
+            cols = [pa.field("expiry_ms", pa.int64())]
+        return self._checked(keys, cols)
+
+    def _checked(self, keys: list[pa.Field], cols: list[pa.Field]) -> pa.Schema:
+        names = [f.name for f in keys] + [f.name for f in cols]
+        clash = sorted({n for n in names if names.count(n) > 1})
+        if clash:
+            raise StateSchemaError(f"operator {self.operator!r}: column name(s) {clash} are both a key column "
+                                   "and a state (or read column); rename the state or the key column")
+        return pa.schema(keys + cols)
+
+    # -- JSON ----------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"format": SCHEMA_FORMAT, "version": SCHEMA_VERSION, "operator": self.operator,
+                             "type": self.type, "key_columns": list(self.key_columns),
+                             "key_schema": schema_to_b64(self.key_schema) if self.key_schema else None}
+        if self.type == "processor":
+            d.update(time_mode=self.time_mode, states=[s.to_json() for s in self.states])
+        else:
+            d.update(aggs=list(self.aggs), value_type=self.value_type)
+        if self.type == "window":
+            d.update(size_ms=self.size_ms, allowed_lateness_ms=self.allowed_lateness_ms)
+        return d
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "OperatorStateSchema":
+        if raw.get("format") != SCHEMA_FORMAT or raw.get("version") != SCHEMA_VERSION:
+            raise StateSchemaError(f"state schema has format {raw.get('format')!r} version {raw.get('version')!r}; "
+                                   f"this sparkpoint reads {SCHEMA_FORMAT!r} version {SCHEMA_VERSION}")
+        try:
+            ks = raw.get("key_schema")
+            return cls(operator=str(raw["operator"]), type=raw["type"], key_columns=tuple(raw["key_columns"]),
+                       key_schema=schema_from_b64(ks, "key schema") if ks else None,
+                       states=tuple(StateVariable.from_json(s) for s in raw.get("states", ())),
+                       aggs=tuple(raw.get("aggs", ())), value_type=raw.get("value_type", "double"),
+                       size_ms=int(raw.get("size_ms", 0)),
+                       allowed_lateness_ms=int(raw.get("allowed_lateness_ms", 0)),
+                       time_mode=raw.get("time_mode", "none"))
+        except (KeyError, TypeError, ValueError) as e:
+            raise StateSchemaError(f"state schema of {raw.get('operator')!r} is malformed: {e}") from None
