@@ -86,8 +86,12 @@ class RestServer:
         self.observer = JobObserver(job)
         self._collector = RuntimeCollector(self.observer)
         registry = job.coordinator.stats.registry
-        registry.register(self._collector)
         self._registry = registry
+        try:
+            registry.register(self._collector)
+            self._owns_collector = True
+        except ValueError:  # a second server on the same job serves the first one's metrics
+            self._owns_collector = False
         _declare_kafka_metrics(registry)
         self._lock = threading.Lock()
         self._operations: dict[str, _Operation] = {}
@@ -118,10 +122,8 @@ class RestServer:
             httpd.shutdown()
             httpd.server_close()
         self.observer.close()
-        try:
+        if self._owns_collector:
             self._registry.unregister(self._collector)
-        except KeyError:
-            pass
 
     def _unfetched(self) -> bool:
         with self._lock:

@@ -1,0 +1,265 @@
+"""Steer a running job through its REST API (docs/operations.md):
+
+    sparkpoint status     --checkpoint-dir DIR --job NAME [--json]
+    sparkpoint checkpoint --checkpoint-dir DIR --job NAME [--json]
+    sparkpoint savepoint  --checkpoint-dir DIR --job NAME [--target PATH] [--json]
+    sparkpoint stop       --checkpoint-dir DIR --job NAME [--savepoint [PATH]] [--json]
+
+The job is found through its lease in DIR (who runs it: host, pid, and where it serves
+its REST API), so nobody has to know which port a job took. A job that is not running is
+one error line and exit code 1. `kill -USR1 <pid>` still takes a checkpoint where the
+API is off (rest.enabled=false)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import click
+
+_POLL_S = 0.2
+
+
+class ControlError(Exception):
+    """One line for the user; the command exits 1."""
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    name: str
+    address: str
+    host: str
+    pid: int
+    run_id: str
+    token: str | None
+
+    def url(self, path: str) -> str:
+        return f"{self.address}/jobs/{quote(self.name, safe='')}{path}"
+
+
+def locate(directory: str, job: str, storage_options: dict | None = None, token: str | None = None) -> RunningJob:
+    """The running job under DIR, from its lease; ControlError if it is not running."""
+    from sparkpoint.errors import StorageError
+    from sparkpoint.storage.fs import StorageFS
+    from sparkpoint.storage.layout import JobLayout
+    from sparkpoint.storage.lease import read_current_lease
+
+    try:
+        fs = StorageFS.from_url(directory, storage_options)
+        record = read_current_lease(fs, JobLayout(f"{fs.root}/{job}"))
+    except (StorageError, OSError) as e:
+        raise ControlError(f"cannot read the lease of job {job!r} under {directory}: {e}") from None
+    if record is None:
+        raise ControlError(f"job {job!r} is not running: it never ran with checkpoints in {directory}")
+    now = int(time.time() * 1000)
+    if record.released:
+        raise ControlError(f"job {job!r} is not running: its last run ({record.run_id} on {record.host}, "
+                           f"pid {record.pid}) ended at {_iso(record.heartbeat_ms)}")
+    if not record.is_live(now):
+        raise ControlError(f"job {job!r} is not running: its last run ({record.run_id} on {record.host}, "
+                           f"pid {record.pid}) stopped renewing its lease at {_iso(record.heartbeat_ms)}")
+    if not record.rest_address:
+        raise ControlError(f"job {job!r} runs on {record.host} (pid {record.pid}) without a REST API "
+                           f"(rest.enabled=false?); `kill -USR1 {record.pid}` there takes a checkpoint")
+    return RunningJob(job, record.rest_address.rstrip("/"), record.host, record.pid, record.run_id,
+                      token or os.environ.get("SPARKPOINT_REST_TOKEN") or None)
+
+
+def _iso(ms: int) -> str:
+    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def call(job: RunningJob, method: str, path: str, body: dict | None = None, timeout_s: float = 10.0) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(job.url(path), data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    if job.token:
+        request.add_header("Authorization", f"Bearer {job.token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        try:
+            errors = json.loads(e.read()).get("errors") or [e.reason]
+        except ValueError:
+            errors = [e.reason]
+        raise ControlError(f"job {job.name!r} at {job.address}: {e.code} {'; '.join(map(str, errors))}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise ControlError(f"job {job.name!r} does not answer at {job.address} (host {job.host}, pid {job.pid}): "
+                           f"{reason}") from None
+
+
+def wait_for(job: RunningJob, path: str, timeout_s: float, gone_ok: bool = False) -> dict[str, Any]:
+    """Poll an asynchronous request until it completed; its `operation`. With `gone_ok`,
+    a server that went away (the job stopped) counts as done with no location."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            answer = call(job, "GET", path)
+        except ControlError:
+            if gone_ok:
+                return {}
+            raise
+        if answer["status"]["id"] == "COMPLETED":
+            operation = answer.get("operation") or {}
+            cause = operation.get("failure-cause")
+            if cause:
+                raise ControlError(f"job {job.name!r}: {answer.get('kind', 'request')} failed: "
+                                   f"{cause.get('class')}: {cause.get('message')}")
+            return operation
+        if time.monotonic() > deadline:
+            raise ControlError(f"job {job.name!r}: no answer within {timeout_s:g} s; request {path} is still "
+                               f"in progress (ask again with the REST API)")
+        time.sleep(_POLL_S)
+
+
+# ------------------------------------------------------------------------------ commands
+def _common(fn):
+    for option in reversed([
+        click.option("--checkpoint-dir", "directory", required=True, metavar="DIR",
+                     help="the job's execution.checkpointing.dir"),
+        click.option("--job", required=True, metavar="NAME", help="the job's pipeline.name"),
+        click.option("--json", "as_json", is_flag=True, help="print JSON"),
+        click.option("--token", default=None, envvar="SPARKPOINT_REST_TOKEN",
+                     help="the job's rest.token, if it has one (or SPARKPOINT_REST_TOKEN)"),
+        click.option("--storage-options", default=None, metavar="JSON", help="fsspec options for DIR"),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _run(fn, *args: Any) -> None:
+    try:
+        fn(*args)
+    except ControlError as e:
+        click.echo(f"sparkpoint: error: {e}", err=True)
+        sys.exit(1)
+
+
+def _options(raw: str | None) -> dict | None:
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise click.BadParameter(f"--storage-options must be a JSON object ({e})") from None
+    if not isinstance(value, dict):
+        raise click.BadParameter("--storage-options must be a JSON object")
+    return value
+
+
+def _bytes(n: Any) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024:
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}TB"
+
+
+@click.command()
+@_common
+def status(directory: str, job: str, as_json: bool, token: str | None, storage_options: str | None) -> None:
+    """Status, throughput, lag, watermark and checkpoints of a running job."""
+    def go() -> None:
+        target = locate(directory, job, _options(storage_options), token)
+        overview = call(target, "GET", "")
+        checkpoints = call(target, "GET", "/checkpoints")
+        if as_json:
+            click.echo(json.dumps({"address": target.address, "host": target.host, "pid": target.pid,
+                                   "job": overview, "checkpoints": {k: checkpoints[k] for k in
+                                                                    ("counts", "summary", "latest")}},
+                                  indent=2, default=str))
+            return
+        o, c = overview, checkpoints["counts"]
+        last = checkpoints["latest"]["completed"]
+        failed = checkpoints["latest"]["failed"]
+        click.echo(f"job {o['name']} {o['state']} (run {o['run-id']}, host {target.host}, pid {target.pid}) "
+                   f"at {target.address}")
+        click.echo(f"  epoch {o['epoch']} | records in {o['records-in']:,} ({o['records-in-per-second']:,.0f}/s) "
+                   f"| out {o['records-out']:,} | lag {o['lag']:,} | watermark "
+                   f"{o['watermark'] if o['watermark'] is not None else '-'} | restarts {o['restarts']}")
+        click.echo(f"  checkpoints: {c['completed']} completed, {c['failed']} failed, {c['in_progress']} in "
+                   f"progress, {c['restored']} restored")
+        if last:
+            click.echo(f"  last completed: #{last['id']} in {(last.get('end_to_end_duration') or 0) / 1000:.2f}s, "
+                       f"{_bytes(last.get('state_size'))}")
+        if failed:
+            click.echo(f"  last failed: #{failed['id']} {failed.get('failure_reason')}: "
+                       f"{failed.get('failure_message') or ''}")
+
+    _run(go)
+
+
+@click.command()
+@_common
+@click.option("--timeout", default=600.0, show_default=True, help="seconds to wait for the checkpoint")
+def checkpoint(directory: str, job: str, as_json: bool, token: str | None, storage_options: str | None,
+               timeout: float) -> None:
+    """Take a checkpoint of a running job now (like `kill -USR1 <pid>`), and wait for it."""
+    def go() -> None:
+        target = locate(directory, job, _options(storage_options), token)
+        request_id = call(target, "POST", "/checkpoints", {})["request-id"]
+        operation = wait_for(target, f"/checkpoints/{request_id}", timeout)
+        cid = operation.get("checkpointId")
+        click.echo(json.dumps({"checkpoint_id": cid}) if as_json else f"checkpoint {cid} completed")
+
+    _run(go)
+
+
+@click.command()
+@_common
+@click.option("--target", default=None, metavar="PATH", help="where to write it (default: the job's savepoint dir)")
+@click.option("--timeout", default=600.0, show_default=True, help="seconds to wait for the savepoint")
+def savepoint(directory: str, job: str, as_json: bool, token: str | None, storage_options: str | None,
+              target: str | None, timeout: float) -> None:
+    """Take a savepoint of a running job; prints its path."""
+    def go() -> None:
+        running = locate(directory, job, _options(storage_options), token)
+        body = {"target-directory": target} if target else {}
+        request_id = call(running, "POST", "/savepoints", body)["request-id"]
+        location = wait_for(running, f"/savepoints/{request_id}", timeout).get("location")
+        click.echo(json.dumps({"savepoint": location}) if as_json else location)
+
+    _run(go)
+
+
+@click.command()
+@_common
+@click.option("--savepoint", "savepoint_to", is_flag=False, flag_value="", default=None, metavar="[PATH]",
+              help="take a final savepoint (at PATH, or the job's default) before stopping")
+@click.option("--timeout", default=600.0, show_default=True, help="seconds to wait for the job to stop")
+def stop(directory: str, job: str, as_json: bool, token: str | None, storage_options: str | None,
+         savepoint_to: str | None, timeout: float) -> None:
+    """Stop a running job, with or without a final savepoint; prints the savepoint's path."""
+    def go() -> None:
+        running = locate(directory, job, _options(storage_options), token)
+        body: dict[str, Any] = {"savepoint": savepoint_to is not None}
+        if savepoint_to:
+            body["target-directory"] = savepoint_to
+        request_id = call(running, "POST", "/stop", body)["request-id"]
+        # Without a savepoint the server may be gone before we ask: the job stopped.
+        operation = wait_for(running, f"/savepoints/{request_id}", timeout, gone_ok=savepoint_to is None)
+        location = operation.get("location")
+        if as_json:
+            click.echo(json.dumps({"stopped": True, "savepoint": location}))
+        else:
+            click.echo(location if location else f"job {job} stopped")
+
+    _run(go)
+
+
+def register(group: click.Group) -> None:
+    for command in (status, checkpoint, savepoint, stop):
+        group.add_command(command)
