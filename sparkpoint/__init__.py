@@ -16,6 +16,7 @@ from sparkpoint.api import (
 from sparkpoint.api import pipeline as _pipeline
 from sparkpoint.api.pipeline import Pipeline
 from sparkpoint.config import Settings
+from sparkpoint.connectors.delta_sink import DeltaSink
 from sparkpoint.connectors.files import FileSource
 from sparkpoint.connectors.generator import GeneratorSource
 from sparkpoint.connectors.parquet_sink import ParquetSink
@@ -27,7 +28,7 @@ _pipeline.set_launcher(run)  # Pipeline.run -> sparkpoint.job.run (the builder d
 __version__ = "0.1.0"
 
 __all__ = [
-    "run", "Pipeline", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "KeyedAggregate", "TumblingWindow",
-    "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState", "MapState",
-    "TimerValues", "ExpiredTimerInfo", "read_state", "read_timers",
+    "run", "Pipeline", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "DeltaSink", "KeyedAggregate",
+    "TumblingWindow", "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState",
+    "MapState", "TimerValues", "ExpiredTimerInfo", "read_state", "read_timers",
 ]

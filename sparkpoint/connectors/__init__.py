@@ -1,0 +1,3 @@
+from sparkpoint.connectors.delta_sink import DeltaSink
+
+__all__ = ["DeltaSink"]
