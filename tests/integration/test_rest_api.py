@@ -221,3 +221,12 @@ def test_cli_stop_ends_the_job(running):
     assert job.status.status in (JobStatus.CANCELED, JobStatus.FINISHED)
     after = _cli("status", "--checkpoint-dir", directory, "--job", JOB)
     assert after.returncode == 1 and "is not running" in after.stderr
+
+
+def test_the_grafana_dashboard_queries_only_documented_metrics():
+    dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
+    documented = set(re.findall(r"^\| `(sparkpoint_\w+)`", (REPO / "docs" / "operations.md").read_text(), re.M))
+    queried = {re.sub(r"_(bucket|sum|count)$", "", name)
+               for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"sparkpoint_\w+", target["expr"])}
+    assert queried and queried <= documented, sorted(queried - documented)
