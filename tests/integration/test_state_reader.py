@@ -238,3 +238,35 @@ def test_path_that_is_not_a_checkpoint_is_refused(spark, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(Exception, match="holds no completed checkpoint"):
         sparkpoint.read_state(spark, str(tmp_path / "empty"), operator=_profile_operator())
+
+
+def test_window_state_and_timers_equal_pandas(spark, tmp_path):
+    from sparkpoint import TumblingWindow
+
+    def window():  # lateness of a day: no window is cleaned up before the end of input
+        return TumblingWindow("per_second", ["key"], "ts", size="1 s", allowed_lateness_ms=86_400_000, aggs=("count", "sum"),
+                              value_column="value", value_type="bigint")
+
+    job_dir = _run(spark, tmp_path, "windows", window(), watermark=True)
+    mid = [d for d in _checkpoints(job_dir) if 0 < sum(d.handles["source:ev"]["positions"].values()) < 16_000]
+    assert mid
+    data = mid[len(mid) // 2]
+    events = _events(spark, data).assign(window_start=lambda e: e.ts - e.ts % 1000)
+    expected = (events.groupby(["key", "window_start"])["value"].agg(count="count", sum="sum").reset_index()
+                .assign(window_end=lambda e: e.window_start + 1000))
+    path = str(job_dir / f"chk-{data.checkpoint_id}")
+    got = sparkpoint.read_state(spark, path, operator=window()).toPandas()
+    assert list(got.columns) == ["key", "window_start", "window_end", "count", "sum", "fired"]
+    cols = ["key", "window_start", "window_end", "count", "sum"]
+    pd.testing.assert_frame_equal(_sorted_frame(got[cols], cols[:2]), _sorted_frame(expected[cols], cols[:2]),
+                                  check_dtype=False)
+
+    timers = sparkpoint.read_timers(spark, path, operator=window()).toPandas()
+    cleanup = timers[timers.timer == "cleanup"]
+    want = expected.assign(expiry_ms=expected.window_end + 86_400_000)[["key", "window_start", "expiry_ms"]]
+    pd.testing.assert_frame_equal(_sorted_frame(cleanup[["key", "window_start", "expiry_ms"]], cols[:2]),
+                                  _sorted_frame(want, cols[:2]), check_dtype=False)
+    # A window has a fire timer exactly until it fired.
+    fire = set(map(tuple, timers[timers.timer == "fire"][["key", "window_start"]].values.tolist()))
+    unfired = set(map(tuple, got[~got.fired][["key", "window_start"]].values.tolist()))
+    assert fire == unfired
