@@ -87,6 +87,12 @@ class Settings(_Model):
     materialize_interval_ms: int = Field(10_000, alias="state.changelog.periodic-materialize.interval")
     materialize_max_changelogs: int = Field(50, alias="state.changelog.max-changelogs")
     restore_mode: Literal["latest", "empty"] = Field("latest", alias="restore.mode")
+    # A savepoint (or a retained checkpoint directory) to start from (Flink's keys). Once
+    # the job has checkpoints of its own taken after it, those win: a rerun after a crash
+    # resumes where it was, not at the savepoint again. NO_CLAIM: the job never deletes
+    # or references the savepoint's files (it copies what it needs into its own storage).
+    recovery_path: str | None = Field(None, alias="execution.state-recovery.path")
+    recovery_claim_mode: Literal["NO_CLAIM"] = Field("NO_CLAIM", alias="execution.state-recovery.claim-mode")
     lease_ttl_ms: int = Field(15_000, alias="sparkpoint.lease.ttl")
 
     # -- runtime -------------------------------------------------------------------

@@ -372,6 +372,14 @@ class CheckpointCoordinator:
         this call itself is the one stuck inside storage."""
         return self._trigger(CheckpointProperties(forced=forced, periodic=periodic))
 
+    def trigger_savepoint(self, target: str | None = None) -> Future[CompletedCheckpointData]:
+        """A savepoint (Flink's semantics): forced (no min-pause, no max-concurrent check),
+        written by the storage to `target` (its default place if None), and never
+        subsumed by a later periodic checkpoint: it completes even if a newer checkpoint
+        completed first. The future completes with its data; `data.properties.target`
+        says where it is."""
+        return self._trigger(CheckpointProperties(forced=True, periodic=False, savepoint=True, target=target))
+
     def _trigger(self, props: CheckpointProperties) -> Future[CompletedCheckpointData]:
         attempt = _TriggerAttempt(props, self._scheduler.now_ms())
         with self._lock:
@@ -562,6 +570,8 @@ class CheckpointCoordinator:
                 raise _StartFailed(None, R.IO_EXCEPTION, e) from e
             self._set_stage(attempt, f"checkpoint storage to create chk-{checkpoint_id}/", checkpoint_id)
             try:
+                if attempt.props.savepoint:
+                    return checkpoint_id, self._initialize_savepoint(checkpoint_id, attempt.props.target)
                 return checkpoint_id, self._storage.initialize_location(checkpoint_id)
             except LeaseLostError as e:
                 raise _StartFailed(checkpoint_id, R.LEASE_LOST, e) from e
@@ -577,6 +587,12 @@ class CheckpointCoordinator:
                 raise _StartFailed(checkpoint_id, R.IO_EXCEPTION, e) from e
         assert collided is not None
         raise _StartFailed(collided[0], R.ID_COLLISION, collided[1])
+
+    def _initialize_savepoint(self, checkpoint_id: int, target: str | None) -> CheckpointLocation:
+        initialize = getattr(self._storage, "initialize_savepoint_location", None)
+        if initialize is None:
+            raise TypeError(f"the checkpoint storage of job {self.job_name} cannot write savepoints")
+        return initialize(checkpoint_id, target)
 
     def _skip_ids_past(self, checkpoint_id: int) -> None:
         next_id = checkpoint_id + 1
@@ -716,7 +732,7 @@ class CheckpointCoordinator:
         """Step 4, holding `_finalize_lock`."""
         checkpoint_id = pending.checkpoint_id
         latest = self.completed_store.latest()
-        if latest is not None and latest.checkpoint_id >= checkpoint_id:
+        if latest is not None and latest.checkpoint_id >= checkpoint_id and not pending.properties.savepoint:
             # A newer checkpoint completed while this one waited for the lock.
             self._after_abort(pending, R.SUBSUMED)
             return
@@ -747,8 +763,12 @@ class CheckpointCoordinator:
         except Exception as e:
             self._after_abort(pending, R.FINALIZE_FAILED, e)
             return
-        # (b)
-        pushed_out = self.completed_store.add(data)
+        # (b) A savepoint older than the latest checkpoint is not restored from on a
+        # failover (the newer checkpoint is); a newer one is, like any checkpoint: its
+        # handles name the job's own files, which the store's retention then keeps.
+        newest = self.completed_store.latest()
+        pushed_out = (self.completed_store.add(data)
+                      if newest is None or newest.checkpoint_id < checkpoint_id else [])
         # (c)
         with self._lock:
             self._last_completion_ms = completed_at

@@ -31,6 +31,10 @@ class CheckpointProperties:
 
     forced: bool = False
     periodic: bool = True
+    # A savepoint (Flink's semantics): asked for by a person, written self-contained to
+    # `target` (None: the storage's default place), never subsumed by a later checkpoint.
+    savepoint: bool = False
+    target: str | None = None
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,12 @@ def cli(log_level: str) -> None:
 @click.argument("pipeline_file")
 @click.option("--config", "config_file", type=click.Path(), help="YAML file of configuration keys")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override one configuration key")
-def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...]) -> None:
+@click.option("--from-savepoint", "savepoint", metavar="PATH",
+              help="start from this savepoint (or chk-<id> directory): execution.state-recovery.path")
+@click.option("--claim-mode", type=click.Choice(["NO_CLAIM"]), default=None,
+              help="execution.state-recovery.claim-mode (NO_CLAIM: the savepoint is never modified or deleted)")
+def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...], savepoint: str | None,
+        claim_mode: str | None) -> None:
     """Run a pipeline until its input ends or it is stopped (Ctrl-C / SIGTERM)."""
     from sparkpoint.config import Settings
     from sparkpoint.runtime.jobmaster import JobMaster
@@ -62,6 +67,10 @@ def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...]) -> N
 
     try:
         pipeline = _load_pipeline(pipeline_file)
+        if savepoint:
+            sets += (f"execution.state-recovery.path={savepoint}",)
+        if claim_mode:
+            sets += (f"execution.state-recovery.claim-mode={claim_mode}",)
         settings = Settings.load(config_file, list(sets),
                                  base={"pipeline.name": pipeline.name} if pipeline.name else None)
         click.echo(f"sparkpoint: job {settings.job_name}: checkpoints in "
@@ -82,6 +91,9 @@ def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...]) -> N
     click.echo(f"  checkpoints         : {result.checkpoint_dir}   (last completed: "
                f"{result.last_checkpoint_id})")
     click.echo(f"  inspect             : sparkpoint checkpoints list {settings.checkpoint_dir}")
+    if result.extra.get("savepoint"):
+        click.echo(f"  stopped with        : savepoint {result.extra['savepoint']}   (resume: sparkpoint run "
+                   f"{pipeline_file} --from-savepoint {result.extra['savepoint']})")
     state = result.extra.get("state")
     if state:
         click.echo(f"  state               : {state['tasks']} subtask-epochs, {state['moves']} moves between executors, "

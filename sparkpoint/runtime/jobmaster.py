@@ -49,6 +49,7 @@ from sparkpoint.runtime.failures import summarize as _summary
 from sparkpoint.runtime.gateway import RuntimeGateway
 from sparkpoint.runtime.restart import restart_strategy_from
 from sparkpoint.runtime.restore import RestoreSteps
+from sparkpoint.runtime.savepoints import SavepointSteps
 from sparkpoint.runtime.snapshots import SnapshotSteps
 from sparkpoint.runtime.spark import get_or_create_spark
 from sparkpoint.runtime.stage import run_epoch
@@ -76,7 +77,7 @@ class JobResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class JobMaster(RestoreSteps, SnapshotSteps):
+class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     def __init__(self, pipeline: Pipeline, settings: Settings, spark=None):
         pipeline.validate()
         self.pipeline = pipeline
@@ -95,6 +96,9 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         self._spark = spark
         self._stop = threading.Event()
         self._requests: queue.SimpleQueue = queue.SimpleQueue()  # to the control thread; None stops it
+        self._stop_requests: queue.SimpleQueue = queue.SimpleQueue()  # to the epoch loop (runtime/savepoints.py)
+        self.stopped_with: str | None = None  # the savepoint the job stopped with
+        self._origin: str | None = None  # the savepoint this job's state descends from
         self._failover_reason: str | None = None
         self._fatal: BaseException | None = None
         self.faults = ParticipantFaults.from_rules(settings.faults)
@@ -310,7 +314,15 @@ class JobMaster(RestoreSteps, SnapshotSteps):
                          self.sink.location, self.storage.layout.root,
                          failed_checkpoints=int(stats.get("counted_failed", 0)),
                          completed_checkpoints=int(stats.get("completed", 0)),
-                         extra={"stats": stats, "state": self.lineages.stats.to_json() if self.lineages else None})
+                         extra={"stats": stats, "state": self.lineages.stats.to_json() if self.lineages else None,
+                                "savepoint": self.stopped_with})
+
+    def _savepoint_target(self, barrier):
+        if barrier is None or self.operator is None:
+            return None
+        from sparkpoint.runtime.executor.savepoint import SavepointTarget
+
+        return SavepointTarget(barrier.location.url, dict(self.settings.storage_options))
 
     # ------------------------------------------------------------------ epoch loop
     def _watermark(self) -> int | None:
@@ -323,6 +335,8 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         while not self._stop.is_set():
             if self._failover_reason:
                 raise FailoverRequired(self._failover_reason)
+            if self._serve_stop_request():
+                return
             self.positions = self.source.discover(self.positions)
             exhausted = self.source.is_exhausted(self.positions)
             if exhausted:
@@ -341,9 +355,13 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         barriers = self.gateway.take_barriers()
         checkpoint_id = barriers[-1].checkpoint_id if barriers else None
         # Several barriers between two boundaries share one snapshot; the older ones are
-        # subsumed by the newest (declined as not counted).
-        for older in barriers[:-1]:
-            self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
+        # subsumed by the newest (declined as not counted), except the newest savepoint,
+        # which a person asked for: it is carried too.
+        savepoint = next((b for b in reversed(barriers) if b.properties.savepoint), None)
+        carried = [b for b in barriers if b is savepoint or b is barriers[-1]]
+        for older in barriers:
+            if not any(older is b for b in carried):
+                self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
         epoch = self.epoch + 1
         self._before_first_epoch_after_restore()
         df = self.source.read(plan)
@@ -355,7 +373,8 @@ class JobMaster(RestoreSteps, SnapshotSteps):
                              None if final else self._watermark(), int(time.time() * 1000), final, checkpoint_id,
                              self.storage_ref, self.lineages.for_tasks(), self.lineages.due_for_snapshot(),
                              self.output_step,
-                             self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]))
+                             self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]),
+                             savepoint_to=self._savepoint_target(savepoint))
         wm_col = self.pipeline.watermark_.column if self.pipeline.watermark_ else None
         result = run_epoch(self._spark, df, task, self.output_step, wm_col, epoch)
         if self.lineages is not None:
@@ -372,8 +391,9 @@ class JobMaster(RestoreSteps, SnapshotSteps):
         if result.max_event_time_ms is not None:
             self.max_event_time = max(self.max_event_time or result.max_event_time_ms, result.max_event_time_ms)
         self.progress.on_epoch(result, result.output_rows)
-        if checkpoint_id is not None:
-            self._snapshot(checkpoint_id, result)
+        for barrier in carried:
+            self._snapshot(barrier.checkpoint_id, result,
+                           savepoint_url=barrier.location.url if barrier is savepoint else None)
 
     def _finish(self) -> None:
         """End of a bounded input: fire everything (final watermark), then take a last
@@ -405,13 +425,14 @@ class JobMaster(RestoreSteps, SnapshotSteps):
             return
         raise FailoverRequired("the final checkpoint failed 10 times")
 
-    def _run_empty_epoch(self) -> None:
-        """An epoch with no input: fires what the final watermark releases and carries a barrier."""
+    def _run_empty_epoch(self, final: bool = True) -> None:
+        """An epoch with no input that carries a barrier; `final`: it also fires what the
+        final watermark releases (end of a bounded input)."""
         from sparkpoint.connectors.base import SlicePlan
 
-        self._run_one_epoch(SlicePlan(dict(self.positions), dict(self.positions)), final=True)
+        self._run_one_epoch(SlicePlan(dict(self.positions), dict(self.positions)), final=final)
 
-    def _carry_barriers_until(self, done: Callable[[], bool]) -> bool:
+    def _carry_barriers_until(self, done: Callable[[], bool], final: bool = True) -> bool:
         """Keep carrying barriers with empty epochs until `done()`. False if the job was
         stopped first; FailoverRequired if checkpoint failures call for a failover."""
         while not done():
@@ -420,7 +441,7 @@ class JobMaster(RestoreSteps, SnapshotSteps):
             if self._stop.is_set():
                 return False
             if self.gateway.has_barrier():
-                self._run_empty_epoch()
+                self._run_empty_epoch(final)
             else:
                 time.sleep(0.02)
             self.progress.maybe_report()

@@ -46,6 +46,8 @@ class RestoreSteps:
         if self.settings.restore_mode == "empty":
             self._start_fresh(ignoring=len(completed))
             return
+        if self.settings.recovery_path and self._restore_savepoint(completed):
+            return
         for data in completed:
             if data.checkpoint_id in self._bad_checkpoints:
                 continue
@@ -88,30 +90,102 @@ class RestoreSteps:
         log.info("job %s starts from scratch (%s)", self.job_name, why)
         self.progress.announce(f"starting fresh: {why}")
 
-    def _restore_from(self, data: CompletedCheckpointData) -> None:
+    def _restore_savepoint(self, completed: list[CompletedCheckpointData]) -> bool:
+        """`execution.state-recovery.path`: start from that savepoint, unless this job's
+        own checkpoints already descend from it (a rerun after a crash resumes from
+        those). True if it was restored."""
+        from sparkpoint.runtime.executor.storage import StorageRef
+        from sparkpoint.runtime.savepoints import savepoint_identity
+        from sparkpoint.storage import savepoints
+
+        path = self.settings.recovery_path
+        try:
+            data, parent, name = savepoints.read(path, dict(self.settings.storage_options))
+        except CorruptCheckpointError as e:
+            raise NoValidCheckpointError(f"cannot start job {self.job_name} from {path}: {e}. Nothing was "
+                                         "started; pass another savepoint") from e
+        identity = savepoint_identity(data)
+        own = next((c for c in completed if (c.handles.get(JOB) or {}).get("origin") == identity), None)
+        if own is not None:
+            log.info("job %s already has checkpoints taken after starting from %s; resuming from those, "
+                     "not from the savepoint", self.job_name, path)
+            return False
+        try:
+            self._restore_from(data, source=StorageRef(parent, name, dict(self.settings.storage_options)),
+                               savepoint=path)
+        except CorruptCheckpointError as e:
+            raise NoValidCheckpointError(f"cannot start job {self.job_name} from {path}: {_summary(e)}. "
+                                         "Nothing was started; pass another savepoint") from e
+        self._origin = identity
+        # New checkpoint ids continue after the savepoint's: sinks that remember the
+        # last committed id (Kafka's commit marker) must not take new ones for old.
+        self.storage.ids.set_count(max(self.storage.ids.get(), data.checkpoint_id + 1))
+        return True
+
+    def _restore_from(self, data: CompletedCheckpointData, source=None, savepoint: str | None = None) -> None:
         handles = data.handles
         job = handles[JOB]
         if self.operator is not None:
-            missing = [i for i in range(self.P) if self.state_participant(i) not in handles]
-            if missing:
-                raise ConfigError(
-                    f"checkpoint {data.checkpoint_id} of job {self.job_name} was taken with parallelism "
-                    f"{_parallelism_of(handles, self.operator.name)}, this run has parallelism.default={self.P}; "
-                    f"rescaling a restore is not supported yet: run with the checkpoint's parallelism")
-            self.lineages.restore({i: handles[self.state_participant(i)] for i in range(self.P)})
-            self._rebuild_state(data.checkpoint_id)
+            old = {int(k.rsplit("/", 1)[1]): h for k, h in handles.items()
+                   if k.startswith(f"state:{self.operator.name}/")}
+            if savepoint is None and sorted(old) == list(range(self.P)):
+                self.lineages.restore(old)
+                self._rebuild_state(data.checkpoint_id)
+            else:
+                self._redistribute_state(data, old, source or self.storage_ref, savepoint)
             self.gateway.set_restoring([self.state_participant(i) for i in range(self.P)])
             self._restoring = True
+        self._origin = job.get("origin")
         self.epoch = int(job["epoch"])
         self.max_event_time = job.get("max_event_time")
         self.restored_from = data.checkpoint_id
         self.positions = dict(handles[self.source_participant]["positions"])
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
         self.sink.recover(handles.get(self.sink_participant))
-        log.info("job %s restores checkpoint %d (epoch %d)", self.job_name, data.checkpoint_id, self.epoch)
+        what = f"savepoint {savepoint}" if savepoint else f"checkpoint {data.checkpoint_id}"
+        log.info("job %s restores %s (epoch %d)", self.job_name, what, self.epoch)
         taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data.completion_timestamp_ms / 1000))
-        self.progress.announce(f"resuming from checkpoint {data.checkpoint_id} (epoch {self.epoch}, taken {taken}) "
-                               f"in {self.storage.layout.checkpoint(data.checkpoint_id)}")
+        where = savepoint if savepoint else self.storage.layout.checkpoint(data.checkpoint_id)
+        kind = "savepoint" if savepoint else "checkpoint"
+        self.progress.announce(f"resuming from {kind} {data.checkpoint_id} (epoch {self.epoch}, taken {taken}) "
+                               f"in {where}")
+
+    def _redistribute_state(self, data: CompletedCheckpointData, old_handles: dict, source,
+                            savepoint: str | None) -> None:
+        """Restore at another parallelism, or from a savepoint: the executors re-cut the
+        old subtasks' key groups into this run's subtasks and upload each new subtask's
+        state as a snapshot into this job's storage (runtime/executor/rescale.py)."""
+        from sparkpoint.runtime.executor.rescale import RescaleTask
+        from sparkpoint.runtime.stage import restore_state
+        from sparkpoint.state.changelog import Lineage
+
+        old = {i: Lineage.from_json(h) for i, h in old_handles.items()}
+        was = {lin.max_parallelism for lin in old.values()}
+        if was and was != {self.settings.max_parallelism}:
+            raise ConfigError(
+                f"{'savepoint ' + savepoint if savepoint else f'checkpoint {data.checkpoint_id}'} was taken with "
+                f"pipeline.max-parallelism={sorted(was)[0]}, this run has {self.settings.max_parallelism}: keys are "
+                f"spread over max-parallelism key groups, so it cannot change across a restore. Run with "
+                f"--set pipeline.max-parallelism={sorted(was)[0]}")
+        covered = sorted(g for lin in old.values() for g in range(*lin.key_groups))
+        if covered != list(range(self.settings.max_parallelism)):
+            raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: the state of operator "
+                                         f"{self.operator.name} does not cover every key group")
+        self.lineages.reset_empty()
+        epoch = int(data.handles[JOB]["epoch"])
+        task = RescaleTask(self.local_root, source, self.storage_ref, old, self.lineages.for_tasks(), epoch)
+        log.info("job %s re-cuts the state of %s from %d subtask(s) into %d", self.job_name, self.operator.name,
+                 len(old), self.P)
+        try:
+            infos = restore_state(self._spark, task, self.P)
+        except Exception as e:
+            if "CorruptSnapshotError" in str(e) or "CorruptCheckpointError" in str(e):
+                raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: {_summary(e)}") from e
+            raise
+        self.lineages.restore({j: infos[j]["lineage"] for j in range(self.P)})
+        self.lineages.on_restore(infos)
+        if len(old) != self.P:
+            self.progress.announce(f"rescaled operator {self.operator.name} from parallelism {len(old)} to {self.P}")
 
     def _rebuild_state(self, checkpoint_id: int) -> None:
         """Every subtask rebuilds the restored state on an executor from verified files,
@@ -158,6 +232,3 @@ class RestoreSteps:
         if any(entry.path in text for entry in checkpoint_file_entries(data.handles)):
             self._mark_bad(cid, e)
 
-
-def _parallelism_of(handles, op_name: str) -> int:
-    return sum(1 for k in handles if k.startswith(f"state:{op_name}/"))

@@ -29,10 +29,13 @@ class SnapshotSteps:
     """JobMaster's snapshot steps; they use the job's attributes (coordinator, gateway,
     lineages, faults, operator, sink, source)."""
 
-    def _snapshot(self, checkpoint_id: int, result) -> None:
+    def _snapshot(self, checkpoint_id: int, result, savepoint_url: str | None = None) -> None:
         c = self.coordinator
-        c.acknowledge(checkpoint_id, JOB, {"epoch": self.epoch, "max_event_time": self.max_event_time,
-                                           "watermark": self._watermark(), "records": self.records})
+        job = {"epoch": self.epoch, "max_event_time": self.max_event_time, "watermark": self._watermark(),
+               "records": self.records, "origin": self._origin}
+        if savepoint_url is not None:
+            job["savepoint"] = savepoint_url  # where it is: the copies' directory
+        c.acknowledge(checkpoint_id, JOB, job)
         c.acknowledge(checkpoint_id, self.source_participant, {"positions": dict(self.positions)})
         try:
             self.faults.check_sync(self.sink_participant, checkpoint_id)
@@ -45,15 +48,21 @@ class SnapshotSteps:
         if self.operator is None:
             return
         try:
-            self._ack_states(checkpoint_id, result)
+            self._ack_states(checkpoint_id, result, savepoint_url is not None)
         finally:
             self._previous_barrier_epoch = self.epoch
 
-    def _ack_states(self, checkpoint_id: int, result) -> None:
+    def _ack_states(self, checkpoint_id: int, result, savepoint: bool = False) -> None:
         c = self.coordinator
         for subtask in range(self.P):
             participant = self.state_participant(subtask)
             error = result.sync_errors.get(subtask)
+            if savepoint and not error:
+                info = result.infos.get(subtask) or {}
+                error = info.get("savepoint_error") or (None if "savepoint" in info else
+                                                        "the subtask did not copy its state files")
+                if error:
+                    error = f"copying the state files into the savepoint failed: {error}"
             if error:
                 log.warning("checkpoint %d: synchronous snapshot of %s failed: %s", checkpoint_id, participant, error)
                 c.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_SYNC_FAILURE, error)

@@ -29,7 +29,7 @@ from sparkpoint.errors import (
     ForeignCheckpointError,
     MetadataExistsError,
 )
-from sparkpoint.storage import metadata
+from sparkpoint.storage import metadata, savepoints
 from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.handles import checkpoint_file_entries, referenced_paths
 from sparkpoint.storage.ids import (
@@ -62,11 +62,13 @@ class FsCheckpointStorage:
     out; without one (tests, tools) no fencing is done."""
 
     def __init__(self, fs: StorageFS, layout: JobLayout, lease: JobLease | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, options: dict[str, Any] | None = None):
         self.fs = fs
         self.layout = layout
         self.lease = lease
         self._clock = clock
+        self.options = dict(options or {})  # for savepoint targets on another filesystem
+        self._savepoint_fs: dict[int, StorageFS] = {}
 
     @property
     def job_name(self) -> str:
@@ -95,6 +97,9 @@ class FsCheckpointStorage:
         raw = metadata.encode(data)
         if self.lease is not None:
             self.lease.check()  # fencing: a run that lost its lease must not commit
+        if isinstance(location, savepoints.SavepointLocation):
+            savepoints.commit(self._savepoint_fs.pop(location.checkpoint_id, self.fs), location, data)
+            return
         try:
             self.fs.create_exclusive(self.layout.metadata(location.checkpoint_id), raw)
         except FileExistsError:
@@ -102,6 +107,13 @@ class FsCheckpointStorage:
                 f"{self.layout.metadata(location.checkpoint_id)} already exists: another writer "
                 f"completed checkpoint {location.checkpoint_id} of job {self.job_name!r}; this "
                 f"checkpoint is not completed (the coordinator retries with a fresh id)") from None
+
+    def initialize_savepoint_location(self, checkpoint_id: int, target: str | None):
+        """A savepoint's directory (storage/savepoints.py); never under `chk-<id>/`."""
+        fs, location = savepoints.target_fs(self.fs, self.layout, checkpoint_id, target, self.options)
+        savepoints.initialize(fs, location)
+        self._savepoint_fs[checkpoint_id] = fs
+        return location
 
     def discard_location(self, checkpoint_id: int) -> None:
         self.fs.rm(self.layout.checkpoint(checkpoint_id), recursive=True)
@@ -220,7 +232,7 @@ def open_job_storage(url: str, job_name: str, storage_options: dict[str, Any] | 
     lease = JobLease(fs, layout, run_id or _new_run_id(), host=host, pid=pid,
                      ttl_s=lease_ttl_s, clock=clock)
     return JobStorage(fs, layout, lease, DurableCheckpointIDCounter(fs, layout),
-                      FsCheckpointStorage(fs, layout, lease, clock=clock), url)
+                      FsCheckpointStorage(fs, layout, lease, clock=clock, options=storage_options), url)
 
 
 def _new_run_id() -> str:

@@ -58,7 +58,8 @@ def encode(data: CompletedCheckpointData) -> bytes:
         "trigger_timestamp_ms": int(data.trigger_timestamp_ms),
         "completion_timestamp_ms": int(data.completion_timestamp_ms),
         "properties": {"forced": bool(data.properties.forced),
-                       "periodic": bool(data.properties.periodic)},
+                       "periodic": bool(data.properties.periodic),
+                       "savepoint": bool(data.properties.savepoint)},
         "handles": {str(k): v for k, v in data.handles.items()},
     }
     # Round-trip through JSON once so tuples/Mapping subclasses become what a reader
@@ -164,7 +165,8 @@ def _body_to_data(body: Mapping[str, Any], source: str) -> CompletedCheckpointDa
             completion_timestamp_ms=_int(body["completion_timestamp_ms"]),
             handles=handles,
             properties=CheckpointProperties(forced=bool(props.get("forced", False)),
-                                            periodic=bool(props.get("periodic", True))),
+                                            periodic=bool(props.get("periodic", True)),
+                                            savepoint=bool(props.get("savepoint", False))),
         )
     except (KeyError, TypeError, AttributeError) as e:
         raise CorruptCheckpointError(f"{source} passes its checksum but a field is missing or "

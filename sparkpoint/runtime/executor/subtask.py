@@ -91,6 +91,8 @@ class EpochTask:
     fail_sync_subtasks: tuple[int, ...] = ()
     # False for the first epoch after a restore: local stores are rebuilt from verified files.
     trust_local: bool = True
+    # The barrier of this epoch is a savepoint's: copy the state files there (SavepointTarget).
+    savepoint_to: Any = None
 
     def __call__(self, table: pa.Table) -> pa.Table:
         from sparkpoint.runtime.executor.state import SubtaskState
@@ -120,6 +122,14 @@ class EpochTask:
                     info["snapshot"] = state.materialize(self.epoch, self.checkpoint_id)
                 except Exception as e:  # a failed upload only delays the next snapshot
                     info["snapshot_error"] = f"{type(e).__name__}: {e}"
+            if self.savepoint_to is not None and entry is not None and entry.durable:
+                from sparkpoint.runtime.executor.savepoint import copy_state_files, lineage_files
+
+                try:
+                    files = lineage_files(self.lineages[subtask], entry, info.get("snapshot"))
+                    info["savepoint"] = copy_state_files(files, fs, layout, self.savepoint_to)
+                except Exception as e:  # fails the savepoint only (it finds files missing)
+                    info["savepoint_error"] = f"{type(e).__name__}: {e}"
         finally:
             state.close()
         error = None
