@@ -632,6 +632,8 @@ class CheckpointCoordinator:
                 result = pending.acknowledge(participant, handle, metrics)
                 if result is AckResult.SUCCESS and pending.is_fully_acknowledged:
                     finalize = self._take_for_finalize(pending)
+        if result is AckResult.SUCCESS:
+            self.stats.report_acknowledged(checkpoint_id, participant, self._scheduler.now_ms(), metrics)
         if result is AckResult.DUPLICATE:
             log.debug("duplicate ack for checkpoint %d from %s ignored", checkpoint_id, participant)
         elif result is AckResult.UNKNOWN and pending is not None:

@@ -155,14 +155,12 @@ def test_savepoint_request(running, tmp_path):
     job, base, _ = running
     status, body = _request(f"{base}/jobs/{JOB}/savepoints", "POST",
                             json.dumps({"target-directory": str(tmp_path / "sp")}).encode())
-    if getattr(job, "trigger_savepoint", None) is None:
-        assert status == 501 and "savepoint" in body["errors"][0]
-        return
     assert status == 202
     url = f"{base}/jobs/{JOB}/savepoints/{body['request-id']}"
     answer = _wait("the savepoint", lambda: (a := _request(url)[1])["status"]["id"] == "COMPLETED" and a)
     assert "failure-cause" not in answer["operation"], answer
-    assert answer["operation"]["location"]
+    assert answer["operation"]["location"] == str(tmp_path / "sp")
+    assert (tmp_path / "sp" / "_metadata").exists()
 
 
 def test_every_documented_metric_is_on_metrics(running):

@@ -87,7 +87,7 @@ def _post(server: RestServer, parts: list[str], body: dict[str, Any]) -> tuple[H
         _only(body, {"target-directory", "cancel-job"})
         target = _optional_str(body, "target-directory")
         if body.get("cancel-job"):
-            fut = _call(job, "stop_with_savepoint", target)
+            fut = _call(job, "stop_with_savepoint", target, savepoint=True)
             return accepted, {"request-id": server.start_operation("stop", fut)}, JSON
         fut = _call(job, "trigger_savepoint", target)
         return accepted, {"request-id": server.start_operation("savepoint", fut)}, JSON
@@ -96,9 +96,9 @@ def _post(server: RestServer, parts: list[str], body: dict[str, Any]) -> tuple[H
         target = _optional_str(body, "target-directory")
         with_savepoint = bool(body.get("savepoint", target is not None))
         if with_savepoint:
-            fut = _call(job, "stop_with_savepoint", target)
+            fut = _call(job, "stop_with_savepoint", target, savepoint=True)
         elif getattr(job, "stop_with_savepoint", None) is not None:
-            fut = job.stop_with_savepoint(None)
+            fut = job.stop_with_savepoint(None, savepoint=False)
         else:
             fut = _cancel(job)
         return accepted, {"request-id": server.start_operation("stop", fut)}, JSON
@@ -132,11 +132,11 @@ def _optional_str(body: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def _call(job: Any, name: str, target: str | None) -> Future:
+def _call(job: Any, name: str, target: str | None, **options: Any) -> Future:
     method = getattr(job, name, None)
     if method is None:
         raise ApiError(HTTPStatus.NOT_IMPLEMENTED, f"this sparkpoint version cannot {name.replace('_', ' ')} yet")
-    return method(target)
+    return method(target, **options)
 
 
 def _cancel(job: Any) -> Future:
