@@ -78,6 +78,10 @@ class Settings(_Model):
     failure_rate_max: int = Field(1, alias="restart-strategy.failure-rate.max-failures-per-interval")
     failure_rate_interval_ms: int = Field(60_000, alias="restart-strategy.failure-rate.failure-rate-interval")
     failure_rate_delay_ms: int = Field(1_000, alias="restart-strategy.failure-rate.delay")
+    # On top of the strategy: a failure that recurs identically after restoring the same
+    # checkpoint (user code raising on the same input) cannot go away by restarting; the
+    # job stops after this many such attempts. 0: only the strategy decides.
+    same_failure_max_attempts: int = Field(3, alias="restart-strategy.same-failure.max-attempts")
 
     # -- state -----------------------------------------------------------------------
     local_state_dir: str = Field("./state", alias="state.local.dir")
@@ -138,7 +142,7 @@ class Settings(_Model):
             raise ValueError("must be a TCP port (0 = any free port)")
         return v
 
-    @field_validator("tolerable_failed_checkpoints", "checkpoint_min_pause_ms")
+    @field_validator("tolerable_failed_checkpoints", "checkpoint_min_pause_ms", "same_failure_max_attempts")
     @classmethod
     def _non_negative(cls, v: int) -> int:
         if v < 0:

@@ -44,7 +44,15 @@ from sparkpoint.connectors.base import Positions, SourceContext
 from sparkpoint.errors import ConfigError, JobFailedError, LeaseLostError, NoValidCheckpointError
 from sparkpoint.faults import ParticipantFaults
 from sparkpoint.runtime.progress import ProgressReporter
-from sparkpoint.runtime.failures import JOB, FailoverRequired
+from sparkpoint.runtime.failures import (
+    JOB,
+    FailoverRequired,
+    FailureSignature,
+    PythonFailure,
+    failure_signature,
+    is_config_error,
+    python_failure,
+)
 from sparkpoint.runtime.failures import summarize as _summary
 from sparkpoint.runtime.gateway import RuntimeGateway
 from sparkpoint.runtime.restart import restart_strategy_from
@@ -95,6 +103,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self.run_id = uuid.uuid4().hex[:12]
         self._spark = spark
         self._stop = threading.Event()
+        self._stop_signalled = False
         self._requests: queue.SimpleQueue = queue.SimpleQueue()  # to the control thread; None stops it
         self._stop_requests: queue.SimpleQueue = queue.SimpleQueue()  # to the epoch loop (runtime/savepoints.py)
         self.stopped_with: str | None = None  # the savepoint the job stopped with
@@ -210,6 +219,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             # Inside the try: a set-up that fails half-way (e.g. a sink's missing topic)
             # must still stop the lease keeper and release the lease, or every later run
             # is refused for as long as this process lives.
+            self._check_local_state_dir()
             self._setup()
             prev_handlers = self._install_signal_handlers()
             return self._run_with_restarts()
@@ -221,9 +231,12 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     def _install_signal_handlers(self) -> dict:
         handlers = {}
         if threading.current_thread() is threading.main_thread():
+            # The first Ctrl-C / SIGTERM stops the job with a last checkpoint, so it leaves a
+            # committed state to resume from; a second one cancels at once. The handler only
+            # queues (stop() puts on a SimpleQueue): the epoch loop does the work.
             for sig in (signal.SIGINT, signal.SIGTERM):
                 handlers[sig] = signal.getsignal(sig)
-                signal.signal(sig, lambda *_: self.cancel())
+                signal.signal(sig, self._on_stop_signal)
             # `kill -USR1 <pid>`: take a manual (forced) checkpoint now.
             # A signal handler runs on the main thread between any two bytecodes, possibly
             # while it holds the coordinator's or the gateway's lock: it only hands the
@@ -233,9 +246,26 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             threading.Thread(target=self._serve_requests, name="sparkpoint-control", daemon=True).start()
         return handlers
 
+    def _on_stop_signal(self, signum, _frame) -> None:
+        if self._stop_signalled or self.status.status != JobStatus.RUNNING:
+            self.cancel()
+            return
+        self._stop_signalled = True
+        self.stop(savepoint=False).add_done_callback(self._stop_signal_done)
+        self._requests.put(("signalled", signal.Signals(signum).name))
+
+    def _stop_signal_done(self, fut: Future) -> None:
+        if fut.exception() is not None and not self._stop.is_set():  # the user still wants it stopped
+            log.warning("job %s: the last checkpoint of the stop failed (%s); cancelling", self.job_name,
+                        _summary(fut.exception()))
+            self.cancel()
+
     def _serve_requests(self) -> None:
         while (request := self._requests.get()) is not None:
-            if request == "checkpoint":
+            if isinstance(request, tuple) and request[0] == "signalled":
+                self.progress.announce(f"{request[1]}: stopping with a last checkpoint so the next run resumes "
+                                       f"from committed state (press Ctrl-C again to cancel at once)")
+            elif request == "checkpoint":
                 try:
                     self.trigger_checkpoint()
                 except Exception:
@@ -243,6 +273,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
 
     def _run_with_restarts(self) -> JobResult:
         strategy = restart_strategy_from(self.settings)
+        last: FailureSignature | None = None
+        same = 0
         while True:
             try:
                 self._restore()
@@ -267,18 +299,88 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                     raise self._fatal
                 self._note_corrupt_restore(e)
                 self.status.transition(JobStatus.FAILING, e)
-                log.warning("job %s failing over: %s", self.job_name, _summary(e))
+                failure = python_failure(e)
+                trace = self._write_failure_trace(e)
+                where = f" (full trace: {trace})" if trace else ""
+                signature = failure_signature(e, self._failing_operator(e), self.restored_from)
+                same = same + 1 if signature == last else 1
+                last = signature
+                stop_why = None
+                if is_config_error(failure):
+                    stop_why = "a configuration error: restarting cannot fix it"
+                elif self.settings.same_failure_max_attempts and same >= self.settings.same_failure_max_attempts:
+                    origin = (f"restoring checkpoint {self.restored_from}" if self.restored_from is not None
+                              else "starting from scratch")
+                    stop_why = (f"it failed the same way {same} times in a row, each time after {origin}, so it "
+                                f"fails on the same input every time (restart-strategy.same-failure.max-attempts="
+                                f"{self.settings.same_failure_max_attempts})")
+                if stop_why is not None:
+                    self.status.transition(JobStatus.FAILED, e)
+                    raise JobFailedError(f"job {self.job_name} stopped: {self._failure_line(failure, signature)}. "
+                                         f"Not restarted: {stop_why}{where}") from None
+                log.warning("job %s failing over: %s%s", self.job_name, self._failure_line(failure, signature), where)
                 decision = strategy.on_failure()
                 if not decision.restart:
                     self.status.transition(JobStatus.FAILED, e)
                     raise JobFailedError(f"job {self.job_name} failed and will not restart ({decision.why}): "
-                                         f"{_summary(e)}") from e
+                                         f"{self._failure_line(failure, signature)}{where}") from None
                 self.status.transition(JobStatus.RESTARTING)
                 self.restarts += 1
                 log.warning("restarting job %s in %d ms (%s)", self.job_name, decision.delay_ms, decision.why)
                 if self._stop.wait(decision.delay_ms / 1000):
                     self.status.transition(JobStatus.CANCELED)
                     return self._result()
+
+    def _check_local_state_dir(self) -> None:
+        """On a local master the driver's disk is the executors': a state.local.dir that
+        cannot be a directory would fail every epoch on the executors, restart after
+        restart. Checked before anything starts."""
+        if not self.settings.spark_master.startswith("local"):
+            return
+        try:
+            os.makedirs(self.local_root, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"state.local.dir={self.settings.local_state_dir!r}: cannot create the job's local "
+                              f"state directory {self.local_root} ({e.strerror or e}); point state.local.dir at a "
+                              f"writable directory") from None
+
+    def _failing_operator(self, e: BaseException) -> str | None:
+        """The stateful operator whose code raised, if the trace shows it ran."""
+        if self.operator is None:
+            return None
+        text = str(e)
+        return self.operator.name if ("apply_subtask" in text or self.operator.name in text) else None
+
+    def _failure_line(self, failure: PythonFailure, signature: FailureSignature) -> str:
+        parts = [failure.line()[:400]]
+        if signature.operator is not None:
+            parts.append(f"in operator {signature.operator!r}")
+        parts += [n[:200] for n in failure.notes]  # e.g. the key and the record, when the raiser added them
+        return "; ".join(parts)
+
+    def _write_failure_trace(self, e: BaseException) -> str | None:
+        """The whole failure (Python, Py4J and Java traces) goes to a file, so a restart
+        logs one line. Under the job's checkpoint directory when it is local, else under
+        the working directory; the newest 20 are kept."""
+        import traceback
+
+        if "://" in self.settings.checkpoint_dir:
+            folder = os.path.abspath(os.path.join("sparkpoint-failures", self.job_name))
+        else:
+            folder = os.path.join(os.path.abspath(self.settings.checkpoint_dir), self.job_name, "failures")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"{time.strftime('%Y%m%dT%H%M%S')}-{self.run_id}-{self.restarts}.txt")
+            with open(path, "w") as f:
+                f.write(f"job {self.job_name}, run {self.run_id}, restored from {self.restored_from}, "
+                        f"restart {self.restarts}\n\n")
+                f.write("".join(traceback.format_exception(e)))
+            for old in sorted(os.listdir(folder))[:-20]:
+                os.remove(os.path.join(folder, old))
+            return path
+        except OSError as err:  # the trace is a convenience; the failure itself is logged
+            log.info("could not write the failure trace to %s: %s", folder, err)
+            return None
 
     def _fail(self, e: BaseException) -> None:
         if not self.status.status.terminal:

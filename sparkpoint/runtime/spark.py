@@ -49,4 +49,18 @@ def get_or_create_spark(master: str = "local[2]", app_name: str = "sparkpoint", 
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    _quiet_task_failures(spark)
     return spark
+
+
+def _quiet_task_failures(spark) -> None:
+    """A task that fails makes Spark log its whole Java and Python trace (~45 lines) once
+    per attempt. The job master reports every failure itself, in one line, with the full
+    trace written to a file: Spark's copy would bury that line."""
+    try:
+        jvm = spark.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.OFF
+        for name in ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager"):
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+    except Exception:  # another logging backend: Spark's messages stay as they are
+        pass

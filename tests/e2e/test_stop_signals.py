@@ -1,0 +1,63 @@
+"""Ctrl-C / SIGTERM stop a job with a last checkpoint whose output is committed, so
+the next run resumes from it and says so; a second Ctrl-C cancels at once (issue 12.5)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import AGGREGATE_PIPELINE, Job, canonical
+
+pytestmark = pytest.mark.e2e
+
+SUMMARY = re.compile(r"job \S+ (\w+): (\d+) epochs")
+
+
+def _job(tmp_path: Path) -> Job:
+    # Slow enough to be stopped half-way: 200 keys, 2,000 records an epoch, 300,000 in all.
+    return Job(tmp_path, name="signals", template=AGGREGATE_PIPELINE, total=300_000, per_epoch=2_000)
+
+
+def test_sigterm_stops_with_a_committed_last_checkpoint_and_the_next_run_resumes_from_it(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    first = job.start()
+    try:
+        first.wait_for(r"completed checkpoint \d+ of job", timeout=120)
+        first.popen.send_signal(signal.SIGTERM)
+        assert first.wait(120) == 0, first.tail()
+    finally:
+        if first.popen.poll() is None:
+            first.kill9()
+    assert "SIGTERM: stopping with a last checkpoint" in first.text, first.tail()
+    assert SUMMARY.search(first.text).group(1) == "FINISHED", first.tail()
+    last = int(re.search(r"last completed: (\d+)", first.text).group(1))
+    committed = canonical(job.output())
+    assert committed, "the last checkpoint's output is committed"
+
+    second = job.start(["sparkpoint.progress=false"])
+    try:
+        m = second.wait_for(r"resuming from checkpoint (\d+)", timeout=120)
+        assert int(m.group(1)) == last, second.tail()
+    finally:
+        second.kill9()
+
+
+def test_a_second_ctrl_c_cancels_at_once(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    proc = job.start()
+    try:
+        proc.wait_for(r"RUNNING epoch \d+", timeout=120)
+        proc.popen.send_signal(signal.SIGINT)
+        proc.wait_for(r"SIGINT: stopping with a last checkpoint", timeout=30)
+        proc.popen.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        assert proc.wait(60) == 0, proc.tail()
+        assert time.monotonic() - started < 30
+    finally:
+        if proc.popen.poll() is None:
+            proc.kill9()
+    assert SUMMARY.search(proc.text).group(1) in ("CANCELED", "FINISHED"), proc.tail()
