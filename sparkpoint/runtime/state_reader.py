@@ -139,9 +139,9 @@ class _Subtask:
         except (CorruptSnapshotError, StaleStateError) as e:
             self.__exit__()
             raise CorruptSnapshotError(
-                f"cannot read the state of {lin.operator}/{lin.subtask} from the {self.where}: {e} -- its files are "
-                "damaged or missing; read an older checkpoint or another savepoint of the job instead "
-                "(`sparkpoint checkpoints list` shows them)") from None
+                f"cannot read the state of {lin.operator}/{lin.subtask} from the {self.where}. {e}. The state files "
+                "of this checkpoint are damaged or missing: read an older checkpoint or another savepoint of the job "
+                "instead (`sparkpoint checkpoints verify` shows which ones verify)") from None
 
     def __exit__(self, *exc: object) -> None:
         self.state.close()
