@@ -26,8 +26,9 @@ class MetadataExistsError(StorageError):
 
 
 class LeaseHeldError(SparkpointError):
-    """Another run holds this job's lease. The message says who and since when; stop
-    that run, or wait for the lease to expire, or start with a different job name."""
+    """Another run holds this job's lease. The message says who and since when: stop
+    that run (`sparkpoint stop`), or start with a different job name. A crashed holder's
+    lease expires by itself; one on this host whose process is gone is taken over at once."""
 
 
 class LeaseLostError(StorageError):

@@ -123,7 +123,7 @@ class CheckpointFailureReason(Enum):
     TASK_ASYNC_FAILURE = (
         False, True, False,
         "a participant's asynchronous snapshot part failed (upload to checkpoint storage)",
-        "check checkpoint storage health (seed 001: HDFS datanodes, object store errors); "
+        "check checkpoint storage health (HDFS datanodes, object store errors, a full disk); "
         "the job keeps running, only this checkpoint failed",
     )
     DECLINED_BY_TASK = (

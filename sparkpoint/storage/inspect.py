@@ -18,7 +18,7 @@ from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.handles import FileEntry, checkpoint_file_entries, iter_file_entries
 from sparkpoint.storage.ids import list_checkpoint_ids, read_highest_used
 from sparkpoint.storage.layout import JobLayout
-from sparkpoint.storage.lease import describe_holder, read_current_lease
+from sparkpoint.storage.lease import describe_holder, holder_process_gone, read_current_lease, storage_dir_of
 
 
 @dataclass(frozen=True)
@@ -249,10 +249,18 @@ def _lease_findings(fs: StorageFS, layout: JobLayout, now_ms: int, findings: lis
         findings.append(Finding(Severity.INFO, "lease-released",
                                 f"the last run ({record.run_id} on {record.host}) shut down cleanly",
                                 "Nothing to do; the next run takes the lease at once."))
+    elif record.is_live(now_ms) and holder_process_gone(record):
+        findings.append(Finding(
+            Severity.WARNING, "lease-holder-dead",
+            f"run {record.run_id} (host {record.host}, pid {record.pid}) is dead: no process {record.pid} "
+            f"runs on this host any more, but it did not release its lease (kill -9, out of memory)",
+            "Nothing to wait for: the next run of this job on this host takes over at once and resumes "
+            "from the latest completed checkpoint."))
     elif record.is_live(now_ms):
-        findings.append(Finding(Severity.INFO, "lease-held", describe_holder(record, now_ms),
-                                "If that run should not be running, stop it; a new run is refused "
-                                "until its lease expires."))
+        findings.append(Finding(Severity.INFO, "lease-held",
+                                describe_holder(record, now_ms, storage_dir_of(fs, layout)),
+                                "If that run should not be running, stop it (`sparkpoint stop`); a new run "
+                                "of this job is refused while it runs."))
     else:
         findings.append(Finding(
             Severity.WARNING, "lease-expired",

@@ -134,14 +134,43 @@ def read_current_lease(fs: StorageFS, layout: JobLayout) -> LeaseRecord | None:
     return read_lease_record(fs, layout, tokens[-1]) if tokens else None
 
 
-def describe_holder(record: LeaseRecord, now_ms: int) -> str:
+def describe_holder(record: LeaseRecord, now_ms: int, checkpoint_dir: str | None = None) -> str:
+    """Who holds the lease and what to do about it. A holder that renews its lease is
+    running: the way forward is to stop it, not to wait (it renews for as long as it runs)."""
     wait_s = max(0, (record.expires_at_ms - now_ms + 999) // 1000)
-    return (f"job {record.job_name!r} is held by run {record.run_id} (host {record.host}, "
-            f"pid {record.pid}, lease token {record.token}) since {_iso(record.acquired_ms)}; "
-            f"last heartbeat {_iso(record.heartbeat_ms)} ({(now_ms - record.heartbeat_ms) / 1000:.0f} s "
-            f"ago); the lease expires at {_iso(record.expires_at_ms)} (in {wait_s} s). To take "
-            f"over: stop that run (host {record.host}, pid {record.pid}) or wait {wait_s} s for its "
-            f"lease to expire, or start this job under another job name")
+    silent_s = (now_ms - record.heartbeat_ms) / 1000
+    head = (f"job {record.job_name!r} is held by run {record.run_id} (host {record.host}, "
+            f"pid {record.pid}, lease token {record.token}) since {_iso(record.acquired_ms)}")
+    if silent_s * 1000 <= record.ttl_ms / 2:
+        where = checkpoint_dir or "<checkpoint dir>"
+        return (f"{head}. That run is still running (it renewed its lease {silent_s:.0f} s ago, "
+                f"and renews it for as long as it runs). To stop it: `sparkpoint stop --checkpoint-dir "
+                f"{where} --job {record.job_name}` (it takes a last checkpoint, so this run resumes from it), "
+                f"or Ctrl-C / kill -TERM {record.pid} on host {record.host}; to run a second copy beside it, "
+                f"start it under another job name (pipeline.name)")
+    return (f"{head}; it has not renewed its lease for {silent_s:.0f} s (crashed, or it lost checkpoint "
+            f"storage): the lease expires at {_iso(record.expires_at_ms)} (in {wait_s} s) and the next "
+            f"run takes over then. If it is still running (host {record.host}, pid {record.pid}), stop it "
+            f"first, or start this job under another job name")
+
+
+def storage_dir_of(fs: StorageFS, layout: JobLayout) -> str:
+    """The checkpoint directory as a user passes it (`--checkpoint-dir`), from a job's layout."""
+    parent = layout.root.rstrip("/").rsplit("/", 1)[0]
+    return parent if fs.is_local else fs.fs.unstrip_protocol(parent)
+
+
+def holder_process_gone(record: LeaseRecord, host: str | None = None, pidns: str | None = None) -> bool:
+    """True if the holder ran on this host, in this PID namespace, and its process is gone
+    (kill -9, OOM): it cannot commit anything any more. Other hosts' holders are judged
+    by their heartbeat alone."""
+    host = host if host is not None else socket.gethostname()
+    pidns = pidns if pidns is not None else _own_pidns()
+    if record.host != host or record.pid is None or record.pid < 0 or record.released:
+        return False
+    if record.pidns is None or record.pidns != pidns:
+        return False  # another container with our hostname: its pids are not ours to probe
+    return not _pid_running(int(record.pid))
 
 
 class JobLease:
@@ -202,7 +231,7 @@ class JobLease:
                 if self._record is not None and current.token == self._record.token:
                     self.heartbeat()
                     return self._record
-                raise LeaseHeldError(describe_holder(current, now))
+                raise LeaseHeldError(describe_holder(current, now, storage_dir_of(self._fs, self._layout)))
             token = (tokens[-1] if tokens else 0) + 1
             record = LeaseRecord(job_name=self._layout.job_name, run_id=self.run_id, host=self.host,
                                  pid=self.pid, token=token, acquired_ms=now, heartbeat_ms=now,
@@ -211,14 +240,16 @@ class JobLease:
                 self._fs.create_exclusive(self._layout.lease_token(token), record.encode())
             except FileExistsError:
                 winner = read_lease_record(self._fs, self._layout, token)
-                raise LeaseHeldError(describe_holder(winner, self._now_ms())) from None
+                raise LeaseHeldError(describe_holder(winner, self._now_ms(),
+                                                     storage_dir_of(self._fs, self._layout))) from None
             self._record, self._lost = record, None
             self._trust_from_now()
-            if current is not None:
-                log.warning("took over job %r from run %s (host %s, pid %s): its lease %s; "
-                            "fencing token is now %d", record.job_name, current.run_id, current.host,
-                            current.pid, ("was released" if current.released else "had expired" if not current.is_live(now)
-                          else "holder's process is gone"), token)
+            if current is not None and not current.released:
+                # A clean predecessor needs no word; a dead one does: this run takes its place.
+                log.warning("took over job %r from run %s (host %s, pid %s), which %s; fencing token is now %d",
+                            record.job_name, current.run_id, current.host, current.pid,
+                            ("stopped renewing its lease (crashed, or lost checkpoint storage)"
+                             if not current.is_live(now) else "is dead (its process is gone)"), token)
             self._prune_history(tokens)
             return record
 

@@ -124,8 +124,10 @@ def test_live_lease_of_another_host_refuses_the_run_and_an_expired_one_is_fenced
 
     assert refused.popen.returncode == 2, refused.text[-2000:]
     assert "held by run deploy-b (host other-host, pid 4242, lease token 1)" in refused.text
-    assert re.search(r"To take over: stop that run \(host other-host, pid 4242\) or wait \d+ s for its lease "
-                     r"to expire", refused.text), refused.text
+    # The holder renews its lease: it is running, and the way forward is to stop it, not to wait.
+    assert "That run is still running" in refused.text, refused.text
+    assert f"sparkpoint stop --checkpoint-dir {url} --job {JOB_NAME}" in refused.text, refused.text
+    assert "kill -TERM 4242 on host other-host" in refused.text and "wait" not in refused.text, refused.text
     assert not (job.root / "out").exists(), "a refused run must not touch the output"
 
     # Another host's holder is judged by its heartbeat only (its pid means nothing here).
