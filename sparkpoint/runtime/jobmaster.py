@@ -120,6 +120,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self.positions: Positions = {}
         self.max_event_time: int | None = None
         self.records = 0
+        self.late_dropped = 0  # rows windows dropped as too late, in this run
         self.restarts = 0
         self.final_done = False
         self.restored_from: int | None = None
@@ -479,6 +480,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                              savepoint_to=self._savepoint_target(savepoint))
         wm_col = self.pipeline.watermark_.column if self.pipeline.watermark_ else None
         result = run_epoch(self._spark, df, task, self.output_step, wm_col, epoch)
+        self.late_dropped += sum(int(i.get("late_dropped") or 0) for i in result.infos.values())
         if self.lineages is not None:
             self.lineages.on_epoch(epoch, result.infos)
             self._restored_state_ready()

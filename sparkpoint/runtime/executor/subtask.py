@@ -114,7 +114,11 @@ class EpochTask:
                 if out is None or out.num_columns == 0:
                     out = pa.Table.from_pylist([], self.operator.output_schema)
             else:
+                dropped = getattr(self.operator, "dropped_count", None)  # windows count late rows
+                before = dropped(store) if dropped else 0
                 out = self.operator.apply(store, rows, ctx)
+                if dropped:
+                    info["late_dropped"] = dropped(store) - before
                 entry = state.commit(self.epoch, out)
             info["changelog"] = entry.to_json() if entry is not None else None
             if subtask in self.materialize and entry is not None and entry.durable:

@@ -129,6 +129,7 @@ class JobObserver:
             "restarts": int(job.restarts), "failovers": failovers, "epoch": int(job.epoch),
             "records-in": int(job.records),
             "records-out": int(getattr(progress, "output_rows", 0) or 0),
+            "late-dropped": int(getattr(job, "late_dropped", 0) or 0),
             "records-in-per-second": round(self.records_per_second(), 1),
             "watermark": _watermark(job), "max-event-time": job.max_event_time,
             "lag": sum(lag.values()), "lag-per-split": lag, "parallelism": int(job.P),
@@ -194,6 +195,8 @@ class RuntimeCollector:
                 ov["epoch"] + 1 if ov else None)
         counter("sparkpoint_records_in", "Records read by this run", ov.get("records-in"))
         counter("sparkpoint_records_out", "Rows handed to the sink by this run", ov.get("records-out"))
+        counter("sparkpoint_late_dropped_records", "Rows dropped as later than the allowed lateness, in this run",
+                ov.get("late-dropped"))
         counter("sparkpoint_failovers", "Failovers (restore from the latest checkpoint) of this run", failovers)
         counter("sparkpoint_restarts", "Restarts by the restart strategy", ov.get("restarts"))
         gauge("sparkpoint_watermark_milliseconds", "Current event-time watermark (epoch ms)", ov.get("watermark"))
