@@ -272,3 +272,45 @@ def test_window_state_and_timers_equal_pandas(spark, tmp_path):
     fire = set(map(tuple, timers[timers.timer == "fire"][["key", "window_start"]].values.tolist()))
     unfired = set(map(tuple, got[~got.fired][["key", "window_start"]].values.tolist()))
     assert fire == unfired
+
+
+def test_a_real_savepoint_taken_by_stop_reads_like_its_input(spark, tmp_path):
+    import threading
+    import time
+
+    from sparkpoint.storage.metadata import decode
+
+    source = GeneratorSource("ev", keys=30, total_events=60_000, max_records_per_epoch=2_000, disorder_ms=500)
+    pipeline = (Pipeline("stopped").source(source).watermark("ts", "1 s").stateful(_profile_operator())
+                .sink(ParquetSink(str(tmp_path / "out"))))
+    settings = Settings.load(overrides={
+        "pipeline.name": "stopped", "execution.checkpointing.dir": str(tmp_path / "chk"),
+        "state.local.dir": str(tmp_path / "state"), "execution.checkpointing.interval": "300 ms",
+        "state.changelog.periodic-materialize.interval": "1 s", "sparkpoint.progress": False,
+        "restart-strategy.type": "none"})
+    job = JobMaster(pipeline, settings, spark=spark)
+    done = {}
+    thread = threading.Thread(target=lambda: done.setdefault("result", job.run()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while getattr(job, "epoch", 0) < 3:
+        assert thread.is_alive() and time.monotonic() < deadline, "the job ended or stalled early"
+        time.sleep(0.05)
+    taken = job.stop(savepoint=True).result(120)
+    thread.join(180)
+    assert done["result"].status == JobStatus.FINISHED
+
+    moved = shutil.move(taken, tmp_path / "elsewhere" / "sp")  # savepoints are relocatable
+    shutil.rmtree(tmp_path / "chk")
+    data = decode((tmp_path / "elsewhere" / "sp" / "_metadata").read_bytes())
+    assert data.properties.savepoint
+    positions = data.handles["source:ev"]["positions"]
+    assert 0 < sum(positions.values()) < 60_000, "stopped before the input ended"
+    source.open(SourceContext(spark, "reference"))
+    events = source.read(SlicePlan({s: 0 for s in positions}, dict(positions))).toPandas()
+
+    state = sparkpoint.read_state(spark, str(moved), operator=_profile_operator())
+    assert _read_profile(state) == _expected_profile(events)
+    timers = sparkpoint.read_timers(spark, str(moved), operator=_profile_operator()).toPandas()
+    expected_timers = (events.groupby("key")["ts"].max() + FAR).rename("expiry_ms").reset_index()
+    pd.testing.assert_frame_equal(_sorted_frame(timers), _sorted_frame(expected_timers), check_dtype=False)
