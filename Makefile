@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON311 ?= $(shell command -v python3.11 || command -v python3)
 
-.PHONY: demo test bootstrap check-java kafka-jars bench clean-demo
+.PHONY: demo test bootstrap check-java kafka-jars bench clean-demo docs
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required (Spark runs on the JVM). Install a JDK 17, e.g. 'apt-get install openjdk-17-jdk-headless', or put it on PATH." >&2; exit 1; }
@@ -30,6 +30,12 @@ demo: bootstrap
 
 test: bootstrap kafka-jars
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The docs site with the API reference from the docstrings, into site/.
+docs: bootstrap
+	$(PY) -m pip install -q -e ".[docs]"
+	$(PY) scripts/gen_config_keys.py
+	$(VENV)/bin/mkdocs build --strict
 
 bench: bootstrap
 	$(PY) bench/run_all.py

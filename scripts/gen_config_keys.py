@@ -1,0 +1,130 @@
+"""Writes docs/config-keys.md from sparkpoint/config.py: every key, its default, its
+unit and the comment above its field. `python scripts/gen_config_keys.py --check`
+fails if the page is out of date (tests/unit/test_docs_config_keys.py runs it)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sparkpoint.config import Settings  # noqa: E402
+
+PAGE = REPO / "docs" / "config-keys.md"
+HEADER = """# Configuration keys
+
+Generated from `sparkpoint/config.py` by `python scripts/gen_config_keys.py`; do not edit.
+Set keys in a YAML file (`--config`), with `--set key=value`, or from Python
+(`Settings.load(overrides={...})`). **Durations** take a unit: `500 ms`, `2 s`, `1 min`,
+`1 h`; a bare number is milliseconds (Flink's rule), so `30` means 30 ms.
+
+| key | default | unit / type | what it is |
+|---|---|---|---|
+"""
+
+
+def _duration_fields() -> set[str]:
+    fields: set[str] = set()
+    for dec in Settings.__pydantic_decorators__.field_validators.values():
+        if dec.func.__name__ in ("_duration", "_duration_ms"):
+            fields |= set(dec.info.fields)
+    return fields
+
+
+def _comments() -> dict[str, str]:
+    """The comment lines right above each field, joined."""
+    out: dict[str, str] = {}
+    pending: list[str] = []
+    for line in (REPO / "sparkpoint" / "config.py").read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# --"):
+            pending = []
+        elif stripped.startswith("#"):
+            pending.append(stripped.lstrip("#").strip())
+        else:
+            m = re.match(r"\s+(\w+):.*Field\(", line)
+            if m:
+                out[m.group(1)] = " ".join(pending)
+            pending = []
+    return out
+
+
+def _kind(name: str, annotation, durations: set[str]) -> str:
+    if name in durations:
+        return "duration (bare number: ms)"
+    if typing.get_origin(annotation) is typing.Literal:
+        return "one of " + ", ".join(f"`{a}`" for a in typing.get_args(annotation))
+    base = annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # X | None
+        base = next(a for a in typing.get_args(annotation) if a is not type(None))
+    origin = typing.get_origin(base) or base
+    return {int: "integer", float: "number", bool: "`true` / `false`", str: "string",
+            dict: "map", list: "list"}.get(origin, str(base))
+
+
+def _duration(ms: int) -> str:
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"
+
+
+DESCRIPTIONS = {  # keys whose field has no comment in config.py
+    "pipeline.name": "the job's name: its directory under the checkpoint dir, its lease, its metrics label",
+    "execution.checkpointing.dir": "checkpoint storage: a local path, NFS, or `s3://bucket/prefix`",
+    "execution.checkpointing.interval": "how often a checkpoint is triggered",
+    "execution.checkpointing.min-pause": "least time between the end of one checkpoint and the start of the next",
+    "execution.checkpointing.timeout": "a checkpoint not completed within this expires (a counted failure)",
+    "execution.checkpointing.max-concurrent-checkpoints": "checkpoints in flight at once",
+    "execution.checkpointing.num-retained": "completed checkpoints kept",
+    "execution.checkpointing.enabled": "periodic checkpoints (a bounded job still takes a final one)",
+    "execution.checkpointing.storage-options": "fsspec options for the checkpoint storage (e.g. an S3 endpoint)",
+    "parallelism.default": "subtasks of the stateful step",
+    "pipeline.max-parallelism": "key groups; cannot change across a restore",
+    "restart-strategy.type": "what happens after a failure (Flink's strategies)",
+    "state.local.dir": "each executor's local state (RocksDB working copies): a cache",
+    "restore.mode": "`latest` resumes from the latest checkpoint; `empty` starts from scratch on purpose",
+    "spark.master": "any master Spark accepts: `local[N]`, `spark://`, `yarn`, `k8s://`",
+    "spark.conf": "extra Spark settings",
+    "sparkpoint.idle-pause": "sleep between polls of a source with no new input",
+    "sparkpoint.progress": "the progress line on stdout",
+    "sparkpoint.progress.interval": "how often the progress line is printed",
+    "metrics.prometheus.port": "also serve /metrics on this port (loopback)",
+    "alarms.webhook-url": "checkpoint-failure alarms are POSTed here as JSON",
+    "sparkpoint.lease.ttl": "a run that stopped renewing its lease for this long is taken over",
+}
+
+
+def render() -> str:
+    durations, comments = _duration_fields(), _comments()
+    rows = []
+    for name, f in sorted(Settings.model_fields.items(), key=lambda kv: kv[1].alias or kv[0]):
+        default = f.default if f.default_factory is None else f.default_factory()
+        if name in durations and isinstance(default, int):
+            shown = f"`{_duration(default)}`"
+        else:
+            shown = "" if default is None else f"`{default!r}`".replace("|", "\\|")
+        what = (comments.get(name) or DESCRIPTIONS.get(f.alias, "")).replace("|", "\\|")
+        rows.append(f"| `{f.alias}` | {shown} | {_kind(name, f.annotation, durations)} | {what} |")
+    return HEADER + "\n".join(rows) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not PAGE.exists() or PAGE.read_text() != text:
+            print(f"{PAGE.relative_to(REPO)} is out of date: run python scripts/gen_config_keys.py")
+            return 1
+        return 0
+    PAGE.write_text(text)
+    print(f"wrote {PAGE.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
