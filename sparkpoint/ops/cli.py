@@ -5,6 +5,7 @@
     sparkpoint checkpoints verify DIR [--job NAME] [--json]
     sparkpoint doctor DIR [--job NAME] [--json]
     sparkpoint config-keys
+    sparkpoint chaos PIPELINE.py [--faults kill9,outage,corrupt,second] [--seed N]   (chaos.py)
     sparkpoint status|checkpoint|savepoint|stop --checkpoint-dir DIR --job NAME   (control_cli.py)
 """
 
@@ -186,6 +187,10 @@ def doctor(directory: str, job: str | None, as_json: bool, storage_options: str 
 from sparkpoint.ops.control_cli import register as _register_control  # noqa: E402
 
 _register_control(cli)
+
+from sparkpoint.ops.chaos import register as _register_chaos  # noqa: E402
+
+_register_chaos(cli)
 
 
 def main() -> None:
