@@ -9,6 +9,7 @@ fault-free run's.
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import subprocess
 import sys
@@ -16,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from sparkpoint.ops.chaos import compare
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-SHORT = ["--set", "execution.checkpointing.interval=1s", "--kills", "2"]
+SHORT = ["--set", "execution.checkpointing.interval=1s", "--kills", "2", "--parallel", "2"]
 
 
 def _chaos(tmp_path: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -51,9 +54,17 @@ def test_chaos_refuses_a_sink_path_it_cannot_redirect(tmp_path: Path) -> None:
     pipeline = tmp_path / "absolute.py"
     pipeline.write_text(
         "from sparkpoint import GeneratorSource, ParquetSink, Pipeline\n"
-        f"pipeline = Pipeline('abs').source(GeneratorSource(total_events=10)).sink(ParquetSink({str(tmp_path / 'out')!r}))\n")
+        "pipeline = Pipeline('abs').source(GeneratorSource(total_events=10))"
+        f".sink(ParquetSink({str(tmp_path / 'out')!r}))\n")
     proc = subprocess.run([sys.executable, "-m", "sparkpoint.ops.cli", "chaos", str(pipeline),
                            "--workdir", str(tmp_path / "work")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "which every run would share" in proc.stderr and "SPARKPOINT_CHAOS_RUN_DIR" in proc.stderr
     assert not (tmp_path / "work" / "reference").exists()
+
+
+def test_compare_counts_lost_duplicated_and_unexpected_rows_as_multisets() -> None:
+    expected = Counter({(1, "a"): 1, (2, "b"): 2, (3, "c"): 1})
+    assert compare(expected, Counter(expected))["lost"] == 0
+    got = Counter({(1, "a"): 2, (2, "b"): 1, (9, "z"): 1})  # one twice, one of two missing, one gone, one new
+    assert compare(expected, got) == {"expected": 4, "committed": 4, "lost": 2, "duplicated": 1, "unexpected": 1}
