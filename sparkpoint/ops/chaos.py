@@ -444,6 +444,8 @@ class Chaos:
             getattr(self, f"_{fault}")(rundir, verdict)
         except ChaosError as e:
             verdict.fail(e.message)
+        except Exception as e:  # noqa: BLE001 - one fault's harness trouble is its verdict, not the others'
+            verdict.fail(f"chaos could not carry out this fault: {type(e).__name__}: {e}")
         finally:
             for run in self._local.runs:
                 if run.alive():
@@ -515,6 +517,12 @@ class Chaos:
         target = self.rng.choice(("_metadata", "state file"))
 
         def plan():
+            try:
+                return look()
+            except Exception:  # noqa: BLE001 - a checkpoint subsumed while we read it: look again
+                return None
+
+        def look():
             done = _completed(fs, layout)
             if len(done) < 2:
                 return None
@@ -576,11 +584,15 @@ class Chaos:
         verdict.injected = "second deployment " + ("refused" if rc2 not in (0, None) and errors else "NOT refused")
         rc = self.finish(first, verdict, "the first run")
         self.judge(verdict, rundir, first, rc, [first])
-        if rc2 in (0, None) or " RUNNING epoch " in second.text or COMPLETED.search(second.text):
+        ran = rc2 in (0, None) or " RUNNING epoch " in second.text or COMPLETED.search(second.text)
+        if ran and not first_alive and not errors:
+            verdict.injected = "nothing"
+            verdict.fail("the first run finished before the second deployment started (not exercised)")
+        elif ran:
             verdict.fail(f"the second deployment ran (exit code {rc2}); see {second.log}")
-        elif len(errors) != 1 or "held by" not in errors[0]:
-            verdict.fail(f"the second deployment was not refused with one error naming the lease holder; "
-                         f"see {second.log}")
+        elif len(errors) != 1 or not re.search(rf"held by .*pid {first.popen.pid}\b", errors[0]):
+            verdict.fail(f"the second deployment was not refused with one error naming the running first run "
+                         f"(pid {first.popen.pid}); see {second.log}")
         else:
             verdict.notes.append(errors[0].removeprefix("sparkpoint: error: ")[:160] + " ...")
         if not first_alive and rc != 0:
