@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from sparkpoint.errors import ConfigError
 
@@ -38,6 +38,42 @@ def parse_duration_ms(value: Any) -> int:
     if not m or m.group(2).lower() not in _UNITS_MS:
         raise ValueError(f"{value!r} is not a duration; use e.g. '2 s', '500 ms', '1 min'")
     return int(float(m.group(1)) * _UNITS_MS[m.group(2).lower()])
+
+
+# Duration keys where a bare number below the threshold (ms) is almost surely seconds
+# written without a unit: Flink reads bare numbers as ms, so `timeout: 30` is 30 ms and
+# every checkpoint expires. Short restart delays and pauses are plausible; not listed.
+_IMPLAUSIBLE_BARE_MS = {
+    "execution.checkpointing.interval": 100,
+    "execution.checkpointing.timeout": 100,
+    "sparkpoint.lease.ttl": 100,
+    "state.changelog.periodic-materialize.interval": 100,
+    "restart-strategy.failure-rate.failure-rate-interval": 100,
+    "restart-strategy.exponential-delay.reset-backoff-threshold": 100,
+    "sparkpoint.progress.interval": 100,
+}
+_BARE_NUMBER_RE = re.compile(r"^\s*\d+(?:\.\d+)?\s*$")
+
+
+def _bare_number(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float)) or (isinstance(value, str) and bool(_BARE_NUMBER_RE.match(value)))
+
+
+def unit_warnings(raw: Mapping[str, Any]) -> list[str]:
+    """One line per duration key given as a bare number that is implausibly small."""
+    out = []
+    for key, threshold in _IMPLAUSIBLE_BARE_MS.items():
+        value = raw.get(key)
+        if value is None or not _bare_number(value):
+            continue
+        ms = parse_duration_ms(value)
+        if 0 < ms < threshold:
+            shown = str(value).strip()
+            out.append(f"{key}={shown} is {ms} ms: a bare number is milliseconds (Flink's rule). "
+                       f"If you meant seconds, write '{shown} s' (e.g. {key}: {shown} s)")
+    return out
 
 
 class _Model(BaseModel):
@@ -117,6 +153,12 @@ class Settings(_Model):
     alarm_webhook: str | None = Field(None, alias="alarms.webhook-url")
     # Failure rehearsal: rules for sparkpoint.faults (see docs/faults.md).
     faults: list[dict[str, Any]] = Field(default_factory=list, alias="sparkpoint.faults")
+    _unit_warnings: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def unit_warnings(self) -> list[str]:
+        """Bare numbers for durations that are implausibly small (logged at job start)."""
+        return list(self._unit_warnings)
 
     @field_validator(
         "checkpoint_interval_ms", "checkpoint_min_pause_ms", "checkpoint_timeout_ms", "fixed_delay_ms",
@@ -194,7 +236,7 @@ class Settings(_Model):
                     + " (run `sparkpoint config-keys` for the list)")
             data[alias] = value
         try:
-            return cls.model_validate(data)
+            settings = cls.model_validate(data)
         except ValidationError as e:
             err = e.errors()[0]
             loc = err["loc"][0] if err["loc"] else "?"
@@ -202,6 +244,8 @@ class Settings(_Model):
             bad = data.get(alias, "<missing>")
             msg = str(err["msg"]).removeprefix("Value error, ")
             raise ConfigError(f"bad value for {alias}: {bad!r}: {msg}") from None
+        settings._unit_warnings = unit_warnings(data)
+        return settings
 
 
 def _is_loopback(host: str) -> bool:

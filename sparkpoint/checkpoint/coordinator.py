@@ -682,13 +682,16 @@ class CheckpointCoordinator:
                 del self._pending[pending.checkpoint_id]
                 pending.abort(R.EXPIRED)
                 missing = sorted(pending.not_yet_acknowledged)
+        # The configured value in every expiry: a bare `timeout: 30` is 30 ms (Flink's
+        # rule), and the message is where a person first sees what the job runs with.
+        timeout = f"execution.checkpointing.timeout={self.config.timeout_ms} ms"
         if pending is None:
             self._fail_attempt(attempt, R.EXPIRED, detail=(
-                f"after {self.config.timeout_ms} ms the trigger was still waiting for "
+                f"{timeout} passed while the trigger was still waiting for "
                 f"{attempt.stage}; it is never started"))
             return
         shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
-        self._after_abort(pending, R.EXPIRED, detail=f"no ack from: {shown}")
+        self._after_abort(pending, R.EXPIRED, detail=f"{timeout} passed with no ack from: {shown}")
 
     def _explain_unknown(self, checkpoint_id: int) -> tuple[AckResult, str]:
         """Why a message names no pending checkpoint. Call with `_lock` held."""

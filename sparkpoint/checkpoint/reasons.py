@@ -136,7 +136,8 @@ class CheckpointFailureReason(Enum):
         "the checkpoint did not complete within execution.checkpointing.timeout",
         "find the participants that did not acknowledge (logged); if the log says the "
         "trigger was still waiting for checkpoint storage, storage hangs: check it; if "
-        "snapshots are just slow, raise execution.checkpointing.timeout",
+        "snapshots are just slow, raise execution.checkpointing.timeout (the message shows its "
+        "value; a bare number is milliseconds: write '10 min', not 600)",
     )
     # -- completing -----------------------------------------------------------------
     FINALIZE_FAILED = (

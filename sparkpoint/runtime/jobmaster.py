@@ -90,6 +90,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         pipeline.validate()
         self.pipeline = pipeline
         self.settings = settings
+        for warning in settings.unit_warnings:
+            log.warning("%s", warning)
         self.job_name = settings.job_name
         self.source = pipeline.source_
         self.sink = pipeline.sink_
