@@ -68,7 +68,6 @@ from sparkpoint.storage.fs import StorageFS, fsync_dir
 log = logging.getLogger(__name__)
 
 HANDLE_VERSION = 1
-_EPOCH_DIR = re.compile(r"^epoch-(\d{8,})$")
 _DATA_FILE = re.compile(r"^epoch-(\d{8,})/part-(\d{5,})-([0-9a-f]{32})\.parquet$")
 _HEX = re.compile(r"^[0-9a-f]+$")
 # s3fs storage options that only tune fsspec itself: nothing to translate for delta-rs.
@@ -217,6 +216,7 @@ class DeltaSink(Sink):
         self._staged: dict[str, dict[str, Any]] = {}
         self._last_epoch = -1
         self._schemas_ok: set[str] = set()     # fingerprints checked against the table's schema
+        self._table: Any = None                # deltalake.DeltaTable, once the table exists
 
     @property
     def root(self) -> str:
@@ -294,15 +294,20 @@ class DeltaSink(Sink):
             self._last_epoch = last
 
     def _load(self):
-        """The table at its latest version, or None if there is none yet."""
+        """The table at its latest version, or None if there is none yet. The open table is
+        kept and brought up to date incrementally: reopening replays the log since its last
+        Delta checkpoint (up to 100 commits) on every commit."""
         deltalake = _deltalake()
         try:
+            if self._table is not None:
+                self._table.update_incremental()
+                return self._table
             if not deltalake.DeltaTable.is_deltatable(self.table_uri, self._delta_options):
                 return None
-            return deltalake.DeltaTable(self.table_uri, storage_options=self._delta_options or None)
+            self._table = deltalake.DeltaTable(self.table_uri, storage_options=self._delta_options or None)
+            return self._table
         except Exception as e:
-            if isinstance(e, (ConfigError, CorruptCheckpointError)):
-                raise
+            self._table = None
             raise StorageError(f"sink {self.name}: reading the Delta log of {self.table_uri} failed: "
                                f"{type(e).__name__}: {e}") from e
 
@@ -342,8 +347,9 @@ class DeltaSink(Sink):
                                                    commit_properties=props)
             except (ConfigError, CorruptCheckpointError):
                 raise
-            except DeltaError as e:
-                if table is None and "exist" in str(e).lower() and attempt < 2:
+            except Exception as e:
+                self._table = None  # the commit may or may not exist: reopen next time
+                if table is None and isinstance(e, DeltaError) and "already exists" in str(e) and attempt < 2:
                     continue  # created meanwhile (an earlier attempt whose reply was lost): check txn again
                 raise StorageError(f"sink {self.name}: committing checkpoint {cid} to Delta table {self.table_uri} "
                                    f"failed: {type(e).__name__}: {e}") from e
@@ -441,23 +447,26 @@ class DeltaSink(Sink):
         try:
             table.create_write_transaction(removes, mode="append", schema=table.schema(), commit_properties=props)
         except Exception as e:
+            self._table = None
             raise StorageError(f"sink {self.name}: withdrawing output after epoch {last_epoch} from Delta table "
                                f"{self.table_uri} failed: {type(e).__name__}: {e}") from e
 
     def _delete_orphans(self) -> None:
         """Data files of this layout that no active `add` names: losing task attempts,
-        epochs after the restored checkpoint, withdrawn output."""
+        epochs after the restored checkpoint, withdrawn output. One recursive listing (on
+        S3 a flat, paginated one), not one per epoch directory."""
         active = self._active(self._load())
-        for name in self._storage.ls(self.root):
-            if not _EPOCH_DIR.match(name):
-                continue
-            for file in self._storage.ls(self._abs(name)):
-                relative = f"{name}/{file}"
-                if _DATA_FILE.match(relative) and relative not in active:
-                    self._storage.rm(self._abs(relative))
-            if self._storage.is_local and not self._storage.ls(self._abs(name)):
+        prefix = self.root + "/"
+        emptied = set()
+        for found in self._storage.find(self.root):
+            relative = found.path[len(prefix):] if found.path.startswith(prefix) else None
+            if relative and _DATA_FILE.match(relative) and relative not in active:
+                self._storage.rm(found.path)
+                emptied.add(relative.split("/", 1)[0])
+        if self._storage.is_local:
+            for name in sorted(emptied):
                 try:
-                    os.rmdir(self._abs(name))
+                    os.rmdir(self._abs(name))  # only if empty: a committed file may share it
                 except OSError:
                     pass
 

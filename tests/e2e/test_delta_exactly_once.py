@@ -47,7 +47,7 @@ def _kill_three_times(job: Job, rng: random.Random) -> list[str]:
             notes.append(f"killed just after checkpoint {m.group(1)} completed")
         else:
             proc.wait_for(r"job status \S+ -> RUNNING", timeout=180)
-            delay = rng.uniform(1.0, 5.0)
+            delay = rng.uniform(0.5, 3.0)  # short: all three kills must land before the job ends
             time.sleep(delay)
             if proc.popen.poll() is not None:
                 notes.append("finished before the kill")
@@ -69,6 +69,7 @@ def test_delta_sink_sigkill_three_times_table_equals_failure_free_run(tmp_path: 
     rng = random.Random(seed)
     job = Job(tmp_path / "chaos", template=delta_pipeline(), **SHAPE)
     notes = _kill_three_times(job, rng)
+    assert sum(n.startswith("killed") for n in notes) == 3, f"seed {seed}: {notes}"
     final = job.run()
     assert final.popen.returncode == 0 and "FINISHED" in final.text, final.text[-3000:]
 
