@@ -54,8 +54,10 @@ class Pipeline:
         return self
 
     def watermark(self, column: str, delay: str | int) -> "Pipeline":
-        """Event time is `column` (epoch ms); the watermark trails the largest event
-        time seen by `delay` (like Spark's withWatermark / Flink's bounded out-of-orderness)."""
+        """Event time is `column`: a TIMESTAMP / TIMESTAMP_NTZ column or epoch ms in an
+        integer column (any other type stops the job at its first epoch with one line).
+        The watermark trails the largest event time seen by `delay` (like Spark's
+        withWatermark / Flink's bounded out-of-orderness)."""
         self.watermark_ = Watermark(column, parse_duration_ms(delay))
         return self
 

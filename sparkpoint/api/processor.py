@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
+from sparkpoint.api.event_time import timer_ms
 from sparkpoint.errors import ConfigError, StateSchemaError
 from sparkpoint.state.codec import RowCodec, SchemaLike, parse_schema
 from sparkpoint.state.interfaces import KEY_GROUP_COL, MARKER_COL, SUBTASK_COL, EpochContext, StatefulOperator
@@ -246,16 +247,18 @@ class StatefulProcessorHandle:
         return namespace(f"{kind}:{name}")
 
     # -- timers ----------------------------------------------------------------------------
-    def registerTimer(self, expiryTimestampMs: int) -> None:
+    def registerTimer(self, expiryTimestampMs: Any) -> None:
+        """`expiryTimestampMs`: epoch ms (PySpark's unit) or a timestamp such as the
+        event-time column's pandas Timestamps (`rows["ts"].max() + pd.Timedelta("30 min")`)."""
         self._require_timers()
-        ts = int(expiryTimestampMs)
+        ts = timer_ms(expiryTimestampMs)
         self._store.put(self._current.prefix(_NS_TIMERS_BY_KEY) + encode_timestamp(ts), b"")
         self._store.put(group_prefix(self._current.group, _NS_TIMERS) + encode_timestamp(ts) + self._current.user_key,
                         msgpack.packb(list(self._current.plain), use_bin_type=True))
 
-    def deleteTimer(self, expiryTimestampMs: int) -> None:
+    def deleteTimer(self, expiryTimestampMs: Any) -> None:
         self._require_timers()
-        ts = int(expiryTimestampMs)
+        ts = timer_ms(expiryTimestampMs)
         self._store.delete(self._current.prefix(_NS_TIMERS_BY_KEY) + encode_timestamp(ts))
         self._store.delete(group_prefix(self._current.group, _NS_TIMERS) + encode_timestamp(ts)
                            + self._current.user_key)

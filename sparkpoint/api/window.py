@@ -12,8 +12,11 @@ Per epoch with watermark W (`ctx.watermark_ms`):
 `ctx.final` fires and cleans up every window. Firing and clean-up are range scans over
 timer indexes keyed by time (per key group), never full scans.
 
-Output columns: the key columns, window_start and window_end (epoch ms, BIGINT),
-count [, sum of `value_column`]. Windows are [start, end), start = t - t mod size.
+Output columns: the key columns, window_start and window_end, count [, sum of
+`value_column`]. Windows are [start, end), start = t - t mod size. The time column may
+be a TIMESTAMP, a TIMESTAMP_NTZ or epoch ms in an integer column
+(sparkpoint/api/event_time.py); window_start/window_end have the same kind (TIMESTAMP
+in, TIMESTAMP out; integer ms in, BIGINT ms out). State holds epoch ms either way.
 
 Event time and the watermark: the runtime computes the epoch's largest event time
 with its own Spark aggregate over `event_time_ms(df)` (before `pre_aggregate`), and
@@ -30,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, parse_value_type, require_key_groups
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.codec import FixedWidthCodec
@@ -87,13 +91,23 @@ class TumblingWindow(StatefulOperator):
         self.keys = KeySchema(name, key_columns, key_schema)
         kind = "f8" if pa.types.is_floating(self.value_type) else "i8"
         self._codec = FixedWidthCodec(name, [("count", "i8"), ("sum", kind), ("fired", "i8")])
+        # How window bounds are output; set from the input schema on the driver before
+        # the operator is shipped, so every worker outputs the same type.
+        self.time_kind = event_time.MS
 
     def resolve_input_schema(self, schema: pa.Schema) -> None:
         self.keys.resolve(schema)
+        if self.time_column in schema.names:  # else: already pre-aggregated (tests); Spark's side refuses it
+            self.time_kind = event_time.arrow_kind(schema, self.time_column, self._used_for)
+
+    @property
+    def _used_for(self) -> str:
+        return f"TumblingWindow {self.name!r}"
 
     @property
     def output_schema(self) -> pa.Schema:
-        fields = [*self.keys.fields(), pa.field(WINDOW_START, pa.int64()), pa.field(WINDOW_END, pa.int64()),
+        bound = event_time.arrow_type(self.time_kind)
+        fields = [*self.keys.fields(), pa.field(WINDOW_START, bound), pa.field(WINDOW_END, bound),
                   pa.field("count", pa.int64())]
         if "sum" in self.aggs:
             fields.append(pa.field("sum", self.value_type))
@@ -101,15 +115,8 @@ class TumblingWindow(StatefulOperator):
 
     # -- Spark side -------------------------------------------------------------------
     def event_time_ms(self, df):
-        """The event time of `df`'s rows in epoch ms, as a Spark Column (timestamp or
-        integer ms time columns)."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import TimestampType, TimestampNTZType
-
-        col = F.col(self.time_column)
-        if isinstance(df.schema[self.time_column].dataType, (TimestampType, TimestampNTZType)):
-            return F.unix_millis(col)
-        return col.cast("bigint")
+        """The event time of `df`'s rows in epoch ms, as a Spark Column."""
+        return event_time.spark_ms(df, self.time_column, self._used_for)
 
     def pre_aggregate(self, df):
         from pyspark.sql import functions as F
@@ -149,9 +156,7 @@ class TumblingWindow(StatefulOperator):
             counts = rows.column(P_COUNT).cast(pa.int64())
             sums = rows.column(P_SUM) if P_SUM in rows.column_names else None
         else:  # raw rows: one partial each
-            t = rows.column(self.time_column)
-            ms = t.cast(pa.timestamp("ms", tz=t.type.tz)).cast(pa.int64()) if pa.types.is_timestamp(t.type) \
-                else t.cast(pa.int64())
+            ms = event_time.arrow_ms(rows.column(self.time_column))
             ms_np = pc.fill_null(ms, 0).to_numpy()
             starts = pa.array(ms_np - np.mod(ms_np, self.size_ms), mask=pc.is_null(ms).to_numpy(zero_copy_only=False))
             counts = pa.array(np.ones(rows.num_rows, dtype=np.int64))
@@ -246,8 +251,8 @@ class TumblingWindow(StatefulOperator):
 
     def _rows(self, keys: pa.Table, starts: np.ndarray, totals: np.ndarray) -> pa.Table:
         out = self.keys.cast_keys(keys)
-        out = out.append_column(WINDOW_START, pa.array(starts, type=pa.int64())) \
-            .append_column(WINDOW_END, pa.array(starts + self.size_ms, type=pa.int64())) \
+        out = out.append_column(WINDOW_START, event_time.arrow_from_ms(starts, self.time_kind)) \
+            .append_column(WINDOW_END, event_time.arrow_from_ms(starts + self.size_ms, self.time_kind)) \
             .append_column("count", pa.array(totals["count"], type=pa.int64()))
         if "sum" in self.aggs:
             out = out.append_column("sum", pa.array(totals["sum"], type=self.value_type))

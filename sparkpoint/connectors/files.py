@@ -21,7 +21,7 @@ _LEGACY_SPLIT = "files"  # the split of checkpoints written by older versions
 
 class FileSource(Source):
     def __init__(self, path: str, *, format: str = "json", schema: str, name: str = "files",
-                 max_files_per_epoch: int = 10, pattern: str | None = None):
+                 max_files_per_epoch: int = 10, pattern: str | None = None, bounded: bool = False):
         if format not in ("json", "parquet"):
             raise ConfigError(f"FileSource format {format!r}: use 'json' (JSON lines) or 'parquet'")
         self.path = path
@@ -30,6 +30,8 @@ class FileSource(Source):
         self.name = name
         self.max_files = max_files_per_epoch
         self.pattern = pattern or ("*.json*" if format == "json" else "*.parquet")
+        # Flink's FileSource without monitorContinuously(): read what is there, then finish.
+        self.bounded = bounded
         self._spark = None
 
     @property
@@ -52,6 +54,9 @@ class FileSource(Source):
         done = _done(positions)
         new = [n for n in self._available() if n not in done][: self.max_files]
         return SlicePlan({_SPLIT: sorted(done)}, {_SPLIT: sorted(done | set(new))})
+
+    def is_exhausted(self, positions: Positions) -> bool:
+        return self.bounded and not self.lag(positions)[_SPLIT]
 
     def lag(self, positions: Positions) -> dict[str, int]:
         done = _done(positions)

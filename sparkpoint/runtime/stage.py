@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkpoint.api import event_time
 from sparkpoint.runtime.executor.subtask import (
     META_ERROR,
     META_INFO,
@@ -50,17 +51,20 @@ class EpochResult:
 def _observe(df, event_time_column: str | None, epoch: int):
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
-    from pyspark.sql.types import TimestampNTZType, TimestampType
 
     obs = Observation(f"epoch-{epoch}")
     metrics = [F.count(F.lit(1)).alias("n")]
     if event_time_column:
-        ts = F.col(event_time_column)
-        if isinstance(df.schema[event_time_column].dataType, (TimestampType, TimestampNTZType)):
-            ts = F.unix_millis(ts)
+        # Refuses a column of another type with one ConfigError, before any work runs.
+        ts = event_time.spark_ms(df, event_time_column, f".watermark({event_time_column!r}, ...)")
         metrics.append(F.max(ts).alias("max_ts"))
     # Observed metrics are collected by the epoch's one action: no extra Spark job.
     return df.observe(obs, *metrics), obs
+
+
+def _session_time_zone(spark) -> str:
+    # The zone Spark labels TIMESTAMP columns with when it hands them to Python as Arrow.
+    return spark.conf.get("spark.sql.session.timeZone") or "UTC"
 
 
 def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_column: str | None,
@@ -74,7 +78,7 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     from pyspark.sql import functions as F
 
     op = task.operator
-    op.resolve_input_schema(to_arrow_schema(df.schema))
+    op.resolve_input_schema(to_arrow_schema(df.schema, timezone=_session_time_zone(spark)))
     keys = [F.col(c) for c in op.key_columns]
     pre = op.pre_aggregate(df)
     kg = F.pmod(F.xxhash64(*keys), F.lit(task.max_parallelism)).cast("int")
@@ -116,7 +120,7 @@ def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:
         return EpochResult(out, int(m.get("n", 0)), m.get("max_ts"), {}, {}, {})
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-    in_schema = to_arrow_schema(df.schema)
+    in_schema = to_arrow_schema(df.schema, timezone=_session_time_zone(df.sparkSession))
     schema = output_schema_with_meta(pa.schema([]))
 
     def write_partition(batches):

@@ -106,7 +106,10 @@ def test_raw_timestamp_rows_are_windowed_like_pre_aggregated_ones(tmp_path: Path
     at = pa.array([0, 59_999, 60_000, None], pa.timestamp("ms", tz="UTC"))
     rows = with_key_groups(pa.table({"key": ["a", "a", "a", "a"], "at": at}), ["key"])
     out = run_epoch(tmp_path, op, rows, ctx(0, None, final=True))
-    assert fired(out) == [("a", 0, 60_000, 2), ("a", 60_000, 120_000, 1)]
+    # Timestamps in, timestamps out (docs/common-mistakes.md#event-time-columns).
+    assert out.schema.field("window_start").type == pa.timestamp("us", tz="UTC")
+    t = pa.array([0, 60_000, 120_000], pa.timestamp("ms", tz="UTC")).to_pylist()
+    assert fired(out) == [("a", t[0], t[1], 2), ("a", t[1], t[2], 1)]
 
 
 def test_window_configuration_errors_are_clear() -> None:
