@@ -495,7 +495,8 @@ class Chaos:
         self.judge(verdict, rundir, run, rc, [run])
         summary = run.summary() or {}
         failed = summary.get("failed", 0)
-        verdict.injected = f"storage fails for checkpoints {ids[0]}-{ids[-1]} ({failed} failed)"
+        which = f"checkpoints {ids[0]}-{ids[-1]}" if len(ids) > 1 else f"checkpoint {ids[0]}"
+        verdict.injected = f"storage fails for {which} ({failed} failed)"
         if verdict.restarts:
             verdict.fail(f"the job restarted {verdict.restarts} time(s) during a storage outage of {n} "
                          f"checkpoint(s) (execution.checkpointing.tolerable-failed-checkpoints="
