@@ -107,9 +107,15 @@ class RuntimeGateway:
         with self._lock:
             self._restoring.discard(participant)
 
-    def take_barriers(self) -> list[Barrier]:
+    def take_barriers(self, which: Callable[[Barrier], bool] | None = None) -> list[Barrier]:
+        """The barriers injected since the last call (only those `which` accepts; the
+        others stay for the next call)."""
         with self._lock:
-            barriers, self._barriers = self._barriers, []
+            if which is None:
+                barriers, self._barriers = self._barriers, []
+            else:
+                barriers = [b for b in self._barriers if which(b)]
+                self._barriers = [b for b in self._barriers if not which(b)]
             return barriers
 
     def has_barrier(self) -> bool:
