@@ -59,6 +59,8 @@ class SourceContext:
 
 class Source(ABC):
     name: str = "source"
+    # Bad input records refused so far in this run, each counted once (shown in progress).
+    malformed_records: int = 0
 
     def open(self, ctx: SourceContext) -> None:
         """Connect. Called once per run, before `initial_positions`."""

@@ -52,8 +52,13 @@ class ProgressReporter:
                    f"{_fmt_bytes(stats.get('last_size_bytes'))}")
         wm = job._watermark()
         lag = sum(job.source.lag(job.positions).values()) if job.positions else 0
+        records = f"records {job.records:,}"
+        if getattr(job, "replayed_records", 0):
+            records += f" (+{job.replayed_records:,} replayed)"
+        if getattr(job.source, "malformed_records", 0):
+            records += f" | malformed {job.source.malformed_records:,}"
         return (f"[{job.job_name}] {job.status.status.value} epoch {job.epoch} | {self.rate():,.0f} rec/s | "
-                f"records {job.records:,} | out {self.output_rows:,} | checkpoint {chk} | "
+                f"{records} | out {self.output_rows:,} | checkpoint {chk} | "
                 f"completed {stats.get('completed', 0)} failed {stats.get('counted_failed', 0)} | "
                 f"wm {wm if wm is not None else '-'} | lag {lag:,}")
 
