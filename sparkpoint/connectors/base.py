@@ -123,6 +123,8 @@ class EpochWriter(ABC):
 
 class Sink(ABC):
     name: str = "sink"
+    # How a user reads the committed output (printed beside `location` when a run ends).
+    read_hint: str = "committed output only"
 
     def open(self, job_name: str) -> None:
         pass

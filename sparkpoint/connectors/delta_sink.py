@@ -187,6 +187,7 @@ def translate_storage_options(protocol: str, storage_options: Mapping[str, Any])
 
 
 class DeltaSink(Sink):
+    read_hint = "read it with deltalake.DeltaTable(...) or spark.read.format('delta'): committed versions only"
     """`path`: a local directory or `s3://bucket/prefix`, the Delta table's root (created
     on the first commit with the output's schema, or an existing table with the same
     columns). `storage_options`: s3fs options for the executors' data files; translated

@@ -150,6 +150,7 @@ class Segment:
 
 
 class KafkaSink(Sink):
+    read_hint = "read_committed consumers see committed output only"
     """Rows of `value_column` (and `key_column`, if given; string or binary) to `topic`.
 
     staging_dir: a durable directory or URL (fsspec) that every run of the job sees,

@@ -129,6 +129,7 @@ class ParquetEpochWriter(EpochWriter):
 
 
 class ParquetSink(Sink):
+    read_hint = "read it with spark.read.parquet(...): committed output only"
     """`path`: a local directory or an fsspec URL (`s3://bucket/prefix`, with
     `storage_options` for s3fs). `spark_scheme`: the URI scheme Spark readers use for the
     output (default: `file` for local paths, `s3a` for S3): the log names files with it.

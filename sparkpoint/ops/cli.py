@@ -86,9 +86,7 @@ def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...], save
                f"{result.records:,} records read in this run, {result.completed_checkpoints} checkpoints completed, "
                f"{result.failed_checkpoints} failed, {result.restarts} restarts")
     if result.output:
-        how = "read it with spark.read.parquet(...): committed output only" if "://" in result.output or \
-            result.output.startswith("/") else "read_committed consumers see committed output only"
-        click.echo(f"  exactly-once output : {result.output}   ({how})")
+        click.echo(f"  exactly-once output : {result.output}   ({result.extra.get('read_hint')})")
     click.echo(f"  checkpoints         : {result.checkpoint_dir}   (last completed: "
                f"{result.last_checkpoint_id})")
     click.echo(f"  inspect             : sparkpoint checkpoints list {settings.checkpoint_dir}")

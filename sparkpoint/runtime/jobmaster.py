@@ -428,6 +428,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                          failed_checkpoints=int(stats.get("counted_failed", 0)),
                          completed_checkpoints=int(stats.get("completed", 0)),
                          extra={"stats": stats, "replayed_records": self.replayed_records,
+                                "read_hint": self.sink.read_hint,
                                 "malformed_records": getattr(self.source, "malformed_records", 0),
                                 "state": self.lineages.stats.to_json() if self.lineages else None,
                                 "savepoint": self.stopped_with})
