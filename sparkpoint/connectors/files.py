@@ -143,9 +143,11 @@ class FileSource(Source):
 
     # -- JSON lines and their bad records ---------------------------------------------
     def _declared(self):
-        from pyspark.sql.types import _parse_datatype_string
+        from pyspark.sql.types import StructType, _parse_datatype_string
 
-        return _parse_datatype_string(self._schema)
+        declared = _parse_datatype_string(self._schema)
+        # Spark wants the corrupt-record column in the schema too; it is added here instead.
+        return StructType([f for f in declared.fields if f.name != self.corrupt_column])
 
     def _output_struct(self):
         from pyspark.sql.types import StringType, StructField, StructType

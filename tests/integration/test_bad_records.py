@@ -141,6 +141,13 @@ def test_permissive_without_dead_letter_keeps_spark_semantics_and_counts(spark, 
     assert len(rows) == 250 + 4 and src.malformed_records == 4
     assert sorted(rows._bad.dropna()) == sorted(line for lines in BAD.values() for line in lines)
 
+    # As in Spark, the corrupt-record column may be declared in the schema as well.
+    spark_style = FileSource(str(tmp_path / "in"), schema=SCHEMA + ", _bad STRING",
+                             column_name_of_corrupt_record="_bad")
+    spark_style.open(SourceContext(spark, "bad"))
+    same = spark_style.read(spark_style.plan(spark_style.initial_positions())).toPandas()
+    assert list(same.columns) == list(rows.columns) and same._bad.count() == 4
+
     drop = FileSource(str(tmp_path / "in"), schema=SCHEMA, mode="DROPMALFORMED")
     drop.open(SourceContext(spark, "bad"))
     assert drop.read(drop.plan(drop.initial_positions())).count() == 250 and drop.malformed_records == 4
