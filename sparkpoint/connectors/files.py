@@ -31,6 +31,7 @@ import uuid
 import weakref
 from collections import Counter, defaultdict
 from typing import Any, Mapping
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -192,7 +193,8 @@ class FileSource(Source):
     def _on_bad_records(self, rows: list, paths: list[str], declared) -> None:
         by_file: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for r in rows:
-            by_file[os.path.basename(r[_FILE])].append((r[_RAW], _reason(r, declared)))
+            # input_file_name() is a URI: "a b.json" comes back as ".../a%20b.json".
+            by_file[unquote(os.path.basename(r[_FILE]))].append((r[_RAW], _reason(r, declared)))
         if by_file and self.mode == "FAILFAST":
             file, [(line, reason), *_] = next(iter(sorted(by_file.items())))
             raise MalformedRecordError(

@@ -23,7 +23,7 @@ SCHEMA = "key BIGINT NOT NULL, value BIGINT NOT NULL, note STRING"
 BAD = {
     "part-001.json": ['{"key": 1, "value": 10', "not json at all"],   # malformed JSON
     "part-003.json": ['{"key": 2}'],                                   # missing NOT NULL field
-    "part-004.json": ['{"key": 3, "value": "ten"}'],                   # wrong type
+    "part 004.json": ['{"key": 3, "value": "ten"}'],                   # wrong type (a name to URI-encode)
 }
 
 
@@ -33,7 +33,7 @@ def _inbox(tmp_path, files: int = 6, per_file: int = 50) -> tuple[pd.DataFrame, 
     inbox.mkdir()
     good = []
     for f in range(files):
-        name = f"part-{f:03d}.json"
+        name = f"part-{f:03d}.json" if f != 4 else "part 004.json"
         rows = [{"key": (f * per_file + i) % 7, "value": i, "note": "ok"} for i in range(per_file)]
         good += rows
         lines = [json.dumps(r) for r in rows]
