@@ -128,6 +128,7 @@ class RestoreSteps:
         if self.operator is not None:
             old = {int(k.rsplit("/", 1)[1]): h for k, h in handles.items()
                    if k.startswith(f"state:{self.operator.name}/")}
+            self._check_max_parallelism(old, savepoint or f"checkpoint {data.checkpoint_id}")
             if savepoint is None and sorted(old) == list(range(self.P)):
                 self.lineages.restore(old)
                 self._rebuild_state(data.checkpoint_id)
@@ -150,6 +151,14 @@ class RestoreSteps:
         self.progress.announce(f"resuming from {kind} {data.checkpoint_id} (epoch {self.epoch}, taken {taken}) "
                                f"in {where}")
 
+    def _check_max_parallelism(self, handles: dict, what: str) -> None:
+        was = {h.get("max_parallelism") for h in handles.values() if isinstance(h, dict)}
+        if was and was != {self.settings.max_parallelism}:
+            raise ConfigError(
+                f"{what} was taken with pipeline.max-parallelism={sorted(map(str, was))[0]}, this run has "
+                f"{self.settings.max_parallelism}: keys are spread over max-parallelism key groups, so it cannot "
+                f"change across a restore. Run with --set pipeline.max-parallelism={sorted(map(str, was))[0]}")
+
     def _redistribute_state(self, data: CompletedCheckpointData, old_handles: dict, source,
                             savepoint: str | None) -> None:
         """Restore at another parallelism, or from a savepoint: the executors re-cut the
@@ -160,13 +169,6 @@ class RestoreSteps:
         from sparkpoint.state.changelog import Lineage
 
         old = {i: Lineage.from_json(h) for i, h in old_handles.items()}
-        was = {lin.max_parallelism for lin in old.values()}
-        if was and was != {self.settings.max_parallelism}:
-            raise ConfigError(
-                f"{'savepoint ' + savepoint if savepoint else f'checkpoint {data.checkpoint_id}'} was taken with "
-                f"pipeline.max-parallelism={sorted(was)[0]}, this run has {self.settings.max_parallelism}: keys are "
-                f"spread over max-parallelism key groups, so it cannot change across a restore. Run with "
-                f"--set pipeline.max-parallelism={sorted(was)[0]}")
         covered = sorted(g for lin in old.values() for g in range(*lin.key_groups))
         if covered != list(range(self.settings.max_parallelism)):
             raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: the state of operator "

@@ -26,7 +26,7 @@ from sparkpoint.runtime.executor.subtask import (
     where_am_i,
     with_meta,
 )
-from sparkpoint.state.interfaces import KEY_GROUP_COL, MARKER_COL, SUBTASK_COL
+from sparkpoint.state.interfaces import KEY_GROUP_COL, SUBTASK_COL
 
 
 @dataclass
@@ -67,6 +67,28 @@ def _session_time_zone(spark) -> str:
     return spark.conf.get("spark.sql.session.timeZone") or "UTC"
 
 
+_TAGS: dict[tuple[int, int], list[int]] = {}
+
+
+def _partition_tags(spark, parallelism: int) -> list[int]:
+    """For each subtask i, an int that Spark's hash partitioning into `parallelism`
+    partitions sends to partition i (Murmur3 with seed 42, as `repartition` uses; asked
+    of Spark itself once per session and parallelism)."""
+    from pyspark.sql import functions as F
+
+    key = (id(spark), parallelism)
+    if key not in _TAGS:
+        probe = spark.range(0, 64 * parallelism).select(
+            F.col("id").cast("int").alias("v"), F.pmod(F.hash(F.col("id").cast("int")), F.lit(parallelism)).alias("p"))
+        first: dict[int, int] = {}
+        for row in probe.collect():
+            first.setdefault(int(row["p"]), int(row["v"]))
+        if len(first) < parallelism:
+            raise RuntimeError(f"no partition tag found for every one of {parallelism} subtasks")
+        _TAGS[key] = [first[i] for i in range(parallelism)]
+    return _TAGS[key]
+
+
 def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_column: str | None,
               epoch: int) -> EpochResult:
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -84,19 +106,24 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     kg = F.pmod(F.xxhash64(*keys), F.lit(task.max_parallelism)).cast("int")
     pre = (pre.withColumn(KEY_GROUP_COL, kg)
               .withColumn(SUBTASK_COL, F.floor(F.col(KEY_GROUP_COL) * task.parallelism / task.max_parallelism)
-                          .cast("int"))
-              .withColumn(MARKER_COL, F.lit(False)))
-    # One marker row per subtask so every subtask runs every epoch: its state version
-    # advances in lockstep and it takes its part of every checkpoint barrier.
-    markers = spark.range(task.parallelism).select(F.col("id").cast("int").alias(SUBTASK_COL),
-                                                   F.lit(True).alias(MARKER_COL))
-    rows = pre.unionByName(markers, allowMissingColumns=True)
+                          .cast("int")))
+    # Partition i of the shuffle holds exactly subtask i's rows, and a task runs for every
+    # partition, empty or not: every subtask runs every epoch (its state version advances
+    # in lockstep and it takes its part of every barrier) without marker rows, a union
+    # or a sort by group, which cost more than the state work on small epochs.
+    tags = _partition_tags(spark, task.parallelism)
+    tag = F.element_at(F.array(*[F.lit(t) for t in tags]), F.col(SUBTASK_COL) + 1)
+    rows = pre.repartition(task.parallelism, tag)
+    in_schema = to_arrow_schema(rows.schema, timezone=_session_time_zone(spark))
     schema = output_schema_with_meta(op.output_schema)
 
-    def apply_subtask(table: pa.Table) -> pa.Table:  # PySpark inspects a plain function's arity
-        return task(table)
+    def apply_subtask(batches):
+        from pyspark import TaskContext
 
-    out = rows.groupBy(SUBTASK_COL).applyInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
+        table = pa.Table.from_batches(list(batches), schema=in_schema)
+        yield from task.run(TaskContext.get().partitionId(), table).to_batches()
+
+    out = rows.mapInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
     m = obs.get
     data, meta = split_meta(out, op.output_schema)
     seen = {r[META_SUBTASK] for r in meta}

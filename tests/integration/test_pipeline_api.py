@@ -121,9 +121,10 @@ def test_bad_starts_are_refused_with_one_clear_error_and_touch_no_output(spark, 
     assert JobMaster(pipeline(out), _settings(tmp_path), spark=spark).run().status == JobStatus.FINISHED
     committed = sorted(p.name for p in out.iterdir())
 
-    # The checkpoints were taken with parallelism 2: restoring them with 3 is refused.
-    with pytest.raises(ConfigError, match="taken with parallelism 2.*parallelism.default=3"):
-        JobMaster(pipeline(out), _settings(tmp_path, **{"parallelism.default": 3}), spark=spark).run()
+    # The checkpoints were taken with max parallelism 128 (key groups): restoring them
+    # with another is refused (another parallelism is a rescale: tests/integration/test_savepoints_rescale.py).
+    with pytest.raises(ConfigError, match="max-parallelism=128.*--set pipeline.max-parallelism=128"):
+        JobMaster(pipeline(out), _settings(tmp_path, **{"pipeline.max-parallelism": 64}), spark=spark).run()
 
     # Committed output but no checkpoint of this job (another checkpoint dir): refused, not mixed.
     with pytest.raises(ConfigError, match="already holds committed output"):

@@ -22,13 +22,15 @@ from tests.e2e.harness import canonical, read_output
 pytestmark = pytest.mark.spark
 
 EVENTS = Events(keys=150, total=48_000, per_epoch=3_000)
+# Long enough for a 5-checkpoint outage and three checkpoints after it (1 s interval).
+LONG = Events(keys=150, total=150_000, per_epoch=3_000)
 
 
 class Run:
     """A JobMaster on a thread, so the test can act on it while it runs."""
 
-    def __init__(self, spark, root, parallelism: int, **extra):
-        self.job = JobMaster(EVENTS.pipeline("sp", root / "out"),
+    def __init__(self, spark, root, parallelism: int, events: Events = EVENTS, **extra):
+        self.job = JobMaster(events.pipeline("sp", root / "out"),
                              settings(root, "sp", [], **{"parallelism.default": parallelism, **extra}), spark=spark)
         self.result = None
         self.error: BaseException | None = None
@@ -117,9 +119,9 @@ def test_a_savepoint_completes_while_checkpoints_fail_and_retention_never_delete
     outage, on checkpoint directories only); a savepoint asked for meanwhile completes,
     the later checkpoints complete and subsume each other (1 retained), and the
     savepoint is still whole: a job started from it finishes with the right output."""
-    expected = expected_windows(spark, EVENTS)
+    expected = expected_windows(spark, LONG)
     outage = [{"op": "any", "path": "re:/chk-\\d+(/|$)", "checkpoints": list(range(1, 6)), "action": "fail"}]
-    run = Run(spark, tmp_path / "a", 2, **{"sparkpoint.faults": outage,
+    run = Run(spark, tmp_path / "a", 2, LONG, **{"sparkpoint.faults": outage,
                                            "execution.checkpointing.tolerable-failed-checkpoints": 100,
                                            "execution.checkpointing.num-retained": 1})
     run.wait_until(lambda j: j.epoch >= 2 and j.coordinator.stats.snapshot().get("failed", 0) >= 2)
@@ -133,7 +135,7 @@ def test_a_savepoint_completes_while_checkpoints_fail_and_retention_never_delete
     assert (target / "_metadata").exists()
 
     # Same output: what was committed after the savepoint is withdrawn and produced again.
-    restored = Run(spark, tmp_path / "a", 2, **{"execution.state-recovery.path": str(target)})
+    restored = Run(spark, tmp_path / "a", 2, LONG, **{"execution.state-recovery.path": str(target)})
     assert restored.join().status is JobStatus.FINISHED
     assert restored.job.restored_from == decode((target / "_metadata").read_bytes()).checkpoint_id
     assert canonical(read_output(tmp_path / "a" / "out")) == expected

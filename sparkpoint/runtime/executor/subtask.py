@@ -95,12 +95,23 @@ class EpochTask:
     savepoint_to: Any = None
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        """`run` for rows grouped as `groupBy(__subtask)` hands them: the subtask is the
+        rows' own, and marker rows (one per subtask, so that none is ever skipped) go."""
+        subtask = int(table.column(SUBTASK_COL)[0].as_py())
+        if MARKER_COL in table.column_names:
+            table = table.filter(pc.invert(pc.fill_null(table.column(MARKER_COL), False)))
+        return self.run(subtask, table)
+
+    def run(self, subtask: int, table: pa.Table) -> pa.Table:
+        """Subtask `subtask`'s epoch over `table`, its rows (key groups and subtask id
+        attached); the output rows plus one meta row."""
         from sparkpoint.runtime.executor.state import SubtaskState
 
         started = time.perf_counter()
-        subtask = int(table.column(SUBTASK_COL)[0].as_py())
-        is_marker = pc.fill_null(table.column(MARKER_COL), False)
-        rows = table.filter(pc.invert(is_marker)).drop_columns([SUBTASK_COL, MARKER_COL])
+        if table.num_rows and not pc.all(pc.equal(table.column(SUBTASK_COL), subtask)).as_py():
+            raise RuntimeError(f"the rows handed to subtask {subtask} belong to other subtasks "
+                               "(Spark partitioned the epoch differently than the runtime asked)")
+        rows = table.drop_columns([c for c in (SUBTASK_COL, MARKER_COL) if c in table.column_names])
         ctx = EpochContext(self.epoch, subtask, self.parallelism, self.max_parallelism, self.watermark_ms,
                            self.processing_time_ms, self.final, self.checkpoint_id)
         fs, layout = self.storage.open(self.checkpoint_id)
