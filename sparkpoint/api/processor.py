@@ -365,7 +365,13 @@ class ProcessorOperator(StatefulOperator):
         for idx, key, pk, kg, uk in zip(groups, key_values, plain, key_groups, uniques):
             self._enter(handle, kg, uk, pk)
             key_rows = frame.iloc[idx].reset_index(drop=True)
-            self._collect(processor.handle_input_rows(key, key_rows, timer_values), outputs)
+            try:
+                self._collect(processor.handle_input_rows(key, key_rows, timer_values), outputs)
+            except Exception as e:  # the one-line failure summary names the key and a record
+                record = key_rows.iloc[0].to_dict() if len(key_rows) else {}
+                e.add_note(f"in processor {self.name!r}, key {key!r}, first of its {len(key_rows)} row(s) this "
+                           f"epoch: {str(record)[:200]}")
+                raise
 
     def _fire_timers(self, processor: StatefulProcessor, handle: StatefulProcessorHandle, ctx: EpochContext,
                      timer_values: TimerValues, outputs: list[pa.Table]) -> None:
@@ -381,7 +387,11 @@ class ProcessorOperator(StatefulOperator):
                 self._enter(handle, kg, uk, tuple(pk))
                 handle.deleteTimer(ts)
                 key = self._key_from_plain(pk)
-                self._collect(processor.handle_expired_timer(key, timer_values, ExpiredTimerInfo(ts)), outputs)
+                try:
+                    self._collect(processor.handle_expired_timer(key, timer_values, ExpiredTimerInfo(ts)), outputs)
+                except Exception as e:
+                    e.add_note(f"in processor {self.name!r}, key {key!r}, timer at {ts}")
+                    raise
         raise ConfigError(f"processor {self.name!r} kept registering due timers for {_MAX_FIRING_ROUNDS} "
                           "rounds in one epoch; register timers in the future of the current time")
 

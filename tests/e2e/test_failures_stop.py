@@ -72,6 +72,7 @@ def test_user_code_failing_on_the_same_record_stops_after_three_attempts(tmp_pat
     line = errors[0]
     assert "ValueError: cannot handle key 7" in line and "operator 'sessionize'" in line, line
     assert "restart-strategy.same-failure.max-attempts=3" in line, line
+    assert "key (7,)" in line and "'key': 7" in line, line  # the key and a record it failed on
     # Two restarts (one line each), then the stop: not an endless loop.
     assert proc.stderr.count("failing over: ValueError: cannot handle key 7") == 2, proc.stderr
     trace = Path(re.search(r"full trace: (\S+?)\)", line).group(1))
