@@ -29,7 +29,7 @@ demo: bootstrap
 	$(VENV)/bin/sparkpoint run examples/demo.py --config examples/demo.yaml
 
 test: bootstrap kafka-jars
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # The docs site with the API reference from the docstrings, into site/.
 docs: bootstrap
