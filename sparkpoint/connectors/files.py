@@ -97,7 +97,7 @@ class FileSource(Source):
         return self._schema
 
     def bind_metrics(self, registry: Any) -> None:
-        self._metric = _malformed_counter(registry)
+        self._metric = malformed_counter(registry)
 
     def open(self, ctx: SourceContext) -> None:
         self._spark = ctx.spark
@@ -254,7 +254,7 @@ _COUNTERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 _COUNTERS_LOCK = threading.Lock()
 
 
-def _malformed_counter(registry: Any):
+def malformed_counter(registry: Any):
     """One counter per registry: a registry refuses a second collector of the same name."""
     from prometheus_client import Counter as PromCounter
 

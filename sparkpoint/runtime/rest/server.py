@@ -164,8 +164,11 @@ def _bind(host: str, port: int, server: RestServer, metrics_only: bool = False) 
 
 
 def _declare_kafka_metrics(registry: Any) -> None:
-    """The Kafka source's counters exist on the job's registry even before (or without) a
-    Kafka source, so dashboards and alerts find them."""
+    """The sources' counters (Kafka offset commits, bad input records) exist on the job's
+    registry whichever source the job has, so dashboards and alerts find them."""
+    from sparkpoint.connectors.files import malformed_counter
+
+    malformed_counter(registry)
     try:
         from sparkpoint.connectors.kafka_source import KafkaSourceMetrics
 
