@@ -183,6 +183,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         if s.rest_enabled:  # REST API, dashboard, /metrics (also on metrics.prometheus.port); address in the lease
             from sparkpoint.runtime.rest import start_rest_server
             self.rest = start_rest_server(self)
+            self.progress.announce(f"dashboard and REST API: {self.rest.address}/   (metrics: {self.rest.address}/metrics)")
         elif s.metrics_port:
             from prometheus_client import start_http_server
             start_http_server(s.metrics_port, addr="127.0.0.1", registry=self.coordinator.stats.registry)
