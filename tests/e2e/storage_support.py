@@ -52,8 +52,10 @@ def reference(tmp_path_factory) -> Reference:
     only REFERENCE_RETAINED checkpoints, which the retention test inspects."""
     global _reference
     if _reference is None:
+        # Snapshots by count, so the retained checkpoints always include snapshot files
+        # (by time, a fast run could finish before the first one was due).
         job = make_job(tmp_path_factory.mktemp("reference"),
-                       sets=[f"execution.checkpointing.num-retained={REFERENCE_RETAINED}"])
+                       sets=[f"execution.checkpointing.num-retained={REFERENCE_RETAINED}", *SNAPSHOT_EVERY_4_EPOCHS])
         proc = job.run()
         assert proc.popen.returncode == 0 and "FINISHED" in proc.text, proc.text[-3000:]
         _reference = Reference(job, canonical(job.output(), drop=()), proc)
