@@ -134,13 +134,13 @@ class KeyedAggregate(StatefulOperator):
         types = {"count": pa.int64(), "sum": self.value_type, "min": self.value_type, "max": self.value_type}
         return pa.schema([*self.keys.fields(), *[pa.field(a, types[a]) for a in self.aggs]])
 
-    def pre_aggregate(self, df):
+    def pre_aggregate(self, df, carry=()):
         from pyspark.sql import functions as F
 
         v = F.col(self.value_column).cast("double" if pa.types.is_floating(self.value_type) else "bigint")
         return df.groupBy(*self.key_columns).agg(
             F.count(F.lit(1)).alias(P_COUNT), F.count(v).alias(P_NVALUES), F.sum(v).alias(P_SUM),
-            F.min(v).alias(P_MIN), F.max(v).alias(P_MAX))
+            F.min(v).alias(P_MIN), F.max(v).alias(P_MAX), *carry)
 
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
         self.keys.ensure(store, rows)

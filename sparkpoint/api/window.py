@@ -118,7 +118,7 @@ class TumblingWindow(StatefulOperator):
         """The event time of `df`'s rows in epoch ms, as a Spark Column."""
         return event_time.spark_ms(df, self.time_column, self._used_for)
 
-    def pre_aggregate(self, df):
+    def pre_aggregate(self, df, carry=()):
         from pyspark.sql import functions as F
 
         ms = self.event_time_ms(df)
@@ -127,7 +127,7 @@ class TumblingWindow(StatefulOperator):
         if "sum" in self.aggs:
             aggs.append(F.sum(F.col(self.value_column).cast(
                 "double" if pa.types.is_floating(self.value_type) else "bigint")).alias(P_SUM))
-        return df.groupBy(*self.key_columns, start).agg(*aggs)
+        return df.groupBy(*self.key_columns, start).agg(*aggs, *carry)
 
     # -- worker side ------------------------------------------------------------------
     @staticmethod

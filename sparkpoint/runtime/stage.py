@@ -4,6 +4,7 @@ per task (and the output rows only for sinks that stage on the driver)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from sparkpoint.runtime.executor.subtask import (
     where_am_i,
     with_meta,
 )
-from sparkpoint.state.interfaces import KEY_GROUP_COL, SUBTASK_COL
+from sparkpoint.state.interfaces import INPUT_COUNT_COL, KEY_GROUP_COL, MAX_EVENT_TIME_COL, SUBTASK_COL
 
 
 @dataclass
@@ -62,6 +63,28 @@ def _observe(df, event_time_column: str | None, epoch: int):
     return df.observe(obs, *metrics), obs
 
 
+def _pre_aggregate_counting(op, df, event_time_column: str | None, epoch: int):
+    """`op.pre_aggregate(df)` carrying, per row, how many input rows it stands for and
+    their latest event time: the subtasks add them up, so the epoch's record count and
+    max event time cost two more aggregate columns instead of an observed pass over the
+    input (`df.observe` breaks Spark's whole-stage code generation of the scan).
+    Returns (rows, None), or (rows, Observation) for an operator of its own whose
+    pre-aggregation does not take the carried columns."""
+    from pyspark.sql import functions as F
+
+    ts = (event_time.spark_ms(df, event_time_column, f".watermark({event_time_column!r}, ...)")
+          if event_time_column else F.lit(None).cast("bigint"))
+    carry = (F.count(F.lit(1)).alias(INPUT_COUNT_COL), F.max(ts).alias(MAX_EVENT_TIME_COL))
+    if "carry" in inspect.signature(op.pre_aggregate).parameters:
+        pre = op.pre_aggregate(df, carry)
+        if pre is df:  # no aggregation: every row is one input row
+            return df.withColumns({INPUT_COUNT_COL: F.lit(1).cast("bigint"), MAX_EVENT_TIME_COL: ts}), None
+        if INPUT_COUNT_COL in pre.columns:
+            return pre, None
+    observed, obs = _observe(df, event_time_column, epoch)
+    return op.pre_aggregate(observed), obs
+
+
 def _session_time_zone(spark) -> str:
     # The zone Spark labels TIMESTAMP columns with when it hands them to Python as Arrow.
     return spark.conf.get("spark.sql.session.timeZone") or "UTC"
@@ -93,8 +116,8 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
               epoch: int) -> EpochResult:
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-    df, obs = _observe(df, event_time_column, epoch)
     if task is None:
+        df, obs = _observe(df, event_time_column, epoch)
         return _run_stateless(df, obs, output, epoch)
 
     from pyspark.sql import functions as F
@@ -102,7 +125,7 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     op = task.operator
     op.resolve_input_schema(to_arrow_schema(df.schema, timezone=_session_time_zone(spark)))
     keys = [F.col(c) for c in op.key_columns]
-    pre = op.pre_aggregate(df)
+    pre, obs = _pre_aggregate_counting(op, df, event_time_column, epoch)
     kg = F.pmod(F.xxhash64(*keys), F.lit(task.max_parallelism)).cast("int")
     pre = (pre.withColumn(KEY_GROUP_COL, kg)
               .withColumn(SUBTASK_COL, F.floor(F.col(KEY_GROUP_COL) * task.parallelism / task.max_parallelism)
@@ -124,15 +147,20 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
         yield from task.run(TaskContext.get().partitionId(), table).to_batches()
 
     out = rows.mapInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
-    m = obs.get
     data, meta = split_meta(out, op.output_schema)
     seen = {r[META_SUBTASK] for r in meta}
     missing = set(range(task.parallelism)) - seen
     if missing:  # cannot happen unless Spark dropped a group; never checkpoint over it
         raise RuntimeError(f"subtasks {sorted(missing)} did not report for epoch {epoch}")
     infos = {r[META_SUBTASK]: json.loads(r[META_INFO]) for r in meta}
+    if obs is not None:
+        m = obs.get
+        records, max_ts = int(m.get("n", 0)), m.get("max_ts")
+    else:
+        records = sum(int(i.get("input") or 0) for i in infos.values())
+        max_ts = max((i["max_ts"] for i in infos.values() if i.get("max_ts") is not None), default=None)
     return EpochResult(
-        output.map(data) if output.writer is None else None, int(m.get("n", 0)), m.get("max_ts"),
+        output.map(data) if output.writer is None else None, records, max_ts,
         {r[META_SUBTASK]: r[META_ERROR] for r in meta},
         {r[META_SUBTASK]: r[META_ROWS] for r in meta},
         {r[META_SUBTASK]: r[META_MS] for r in meta},

@@ -30,6 +30,10 @@ import pyarrow as pa
 SUBTASK_COL = "__subtask"
 KEY_GROUP_COL = "__kg"
 MARKER_COL = "__marker"  # True on the one synthetic row per subtask; dropped before apply
+# Carried through pre_aggregate: input rows behind each row, and their max event time (ms).
+INPUT_COUNT_COL = "__n"
+MAX_EVENT_TIME_COL = "__max_ts"
+CARRIED_COLS = (INPUT_COUNT_COL, MAX_EVENT_TIME_COL)
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,14 @@ class StatefulOperator(ABC):
         """Called on the driver with the Arrow schema of the step's input before
         `output_schema` is read (operators take their key types from it)."""
 
-    def pre_aggregate(self, df):  # pyspark DataFrame -> DataFrame
+    def pre_aggregate(self, df, carry=()):  # pyspark DataFrame -> DataFrame
         """Reduce the epoch's rows in Spark before they touch state. Must keep
-        `key_columns`. Default: no pre-aggregation."""
+        `key_columns`. Default: no pre-aggregation.
+
+        `carry`: aggregate Columns of the runtime's own (how many input rows and their
+        latest event time each output row stands for); an operator that aggregates adds
+        them to its aggregation, so the runtime learns them without another pass over the
+        epoch. An operator that does not aggregate ignores them."""
         return df
 
     @abstractmethod

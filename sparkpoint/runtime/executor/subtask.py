@@ -24,7 +24,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpoint.state.changelog import Lineage
-from sparkpoint.state.interfaces import MARKER_COL, SUBTASK_COL, EpochContext, StatefulOperator
+from sparkpoint.state.interfaces import (
+    CARRIED_COLS,
+    INPUT_COUNT_COL,
+    MARKER_COL,
+    MAX_EVENT_TIME_COL,
+    SUBTASK_COL,
+    EpochContext,
+    StatefulOperator,
+)
 
 META_SUBTASK = "__meta_subtask"
 META_ROWS = "__meta_rows"
@@ -111,12 +119,15 @@ class EpochTask:
         if table.num_rows and not pc.all(pc.equal(table.column(SUBTASK_COL), subtask)).as_py():
             raise RuntimeError(f"the rows handed to subtask {subtask} belong to other subtasks "
                                "(Spark partitioned the epoch differently than the runtime asked)")
-        rows = table.drop_columns([c for c in (SUBTASK_COL, MARKER_COL) if c in table.column_names])
+        info: dict[str, Any] = where_am_i()
+        if INPUT_COUNT_COL in table.column_names:  # carried through the pre-aggregation
+            info["input"] = int(pc.sum(table.column(INPUT_COUNT_COL)).as_py() or 0)
+            info["max_ts"] = pc.max(table.column(MAX_EVENT_TIME_COL)).as_py()
+        rows = table.drop_columns([c for c in (SUBTASK_COL, MARKER_COL, *CARRIED_COLS) if c in table.column_names])
         ctx = EpochContext(self.epoch, subtask, self.parallelism, self.max_parallelism, self.watermark_ms,
                            self.processing_time_ms, self.final, self.checkpoint_id)
         fs, layout = self.storage.open(self.checkpoint_id)
         state = SubtaskState(self.local_root, self.lineages[subtask], fs, layout)
-        info: dict[str, Any] = where_am_i()
         try:
             store = state.open(self.epoch, self.trust_local)
             if state.report.how == "retry":

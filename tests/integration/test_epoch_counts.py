@@ -1,0 +1,75 @@
+"""The records a job reports and the event time its watermark follows come from the
+subtasks (carried through the pre-aggregation, not an observed pass over the input):
+every input row after the transforms is counted once, and the max event time is the
+input's, whatever the operator and whether or not it pre-aggregates."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from pyspark.sql import functions as F
+
+from sparkpoint import (GeneratorSource, KeyedAggregate, ParquetSink, Pipeline, ProcessorOperator, Settings,
+                        StatefulProcessor, TumblingWindow)
+from sparkpoint.connectors.base import SlicePlan, SourceContext
+from sparkpoint.runtime.jobmaster import JobMaster
+from sparkpoint.runtime.status import JobStatus
+
+pytestmark = pytest.mark.spark
+
+TOTAL = 12_000
+
+
+class Counting(StatefulProcessor):
+    def init(self, handle):
+        self.n = handle.getValueState("n", "n BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = (self.n.get()[0] if self.n.exists() else 0) + sum(len(pdf) for pdf in rows)
+        self.n.update((n,))
+        yield pd.DataFrame({"key": [key[0]], "n": [n]})
+
+
+class OwnPreAggregation(KeyedAggregate):
+    """A user's operator written before pre_aggregate took the carried columns."""
+
+    def pre_aggregate(self, df):
+        return super().pre_aggregate(df)
+
+
+def _source() -> GeneratorSource:
+    return GeneratorSource("ev", keys=300, total_events=TOTAL, max_records_per_epoch=5_000)
+
+
+def _expected(spark) -> tuple[int, int]:
+    src = _source()
+    src.open(SourceContext(spark, "expected"))
+    start = src.initial_positions()
+    rows = src.read(SlicePlan(start, {s: start[s] + n for s, n in src.lag(start).items()})).where("value < 600")
+    got = rows.agg(F.count(F.lit(1)).alias("n"), F.max("ts").alias("ts")).first()
+    return int(got["n"]), int(got["ts"])
+
+
+OPERATORS = {
+    "keyed-aggregate": lambda: KeyedAggregate("agg", ["key"], "value", aggs=("count", "sum"), value_type="bigint"),
+    "window": lambda: TumblingWindow("win", ["key"], "ts", size="10 s"),
+    "processor": lambda: ProcessorOperator("proc", Counting, ["key"], "key BIGINT, n BIGINT"),
+    "own-pre-aggregation": lambda: OwnPreAggregation("own", ["key"], "value", aggs=("count",), value_type="bigint"),
+}
+
+
+@pytest.mark.parametrize("operator", sorted(OPERATORS))
+def test_records_and_max_event_time_are_the_inputs(spark, tmp_path, operator):
+    pipeline = (Pipeline("counts").source(_source()).transform(lambda df: df.where("value < 600"))
+                .watermark("ts", "2 s").stateful(OPERATORS[operator]()).sink(ParquetSink(str(tmp_path / "out"))))
+    settings = Settings.load(overrides={
+        "pipeline.name": "counts", "execution.checkpointing.dir": str(tmp_path / "chk"),
+        "state.local.dir": str(tmp_path / "state"), "sparkpoint.progress": False, "restart-strategy.type": "none"})
+    master = JobMaster(pipeline, settings, spark=spark)
+    result = master.run()
+
+    records, max_ts = _expected(spark)
+    assert result.status == JobStatus.FINISHED
+    assert 0 < records < TOTAL, "the transform filtered some rows"
+    assert result.records == records
+    assert master.max_event_time == max_ts
