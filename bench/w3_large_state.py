@@ -175,7 +175,7 @@ class JobProcess:
         self.memory = MemoryPoller(self.popen.pid)
         self.lines: list[tuple[float, str]] = []
         self._cond = threading.Condition()
-        self._log = open(log_path, "w")
+        self._log = open(log_path, "w", buffering=1)  # line-buffered: readable while it runs
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -449,9 +449,11 @@ def run_once(args: argparse.Namespace, run: int) -> list[dict[str, Any]]:
         prev = checkpoints[-1][3] if checkpoints else None
         if prev is not None and prev >= load_epochs - 1 and epoch > prev:
             keys_changed, kv, log_bytes = changed_state(ckpt_dir, data, prev)
-            per_ckpt.append({"id": cid, "epochs": epoch - prev, "bytes": size, "ms": ms, "changed_keys": keys_changed,
-                             "changed_state_bytes": kv, "changelog_bytes": log_bytes,
-                             "ratio": size / kv if kv else None})
+            # A snapshot taken in this interval replaced those epochs' change logs in the
+            # lineage: their sizes are filled in below from the other checkpoints' per-epoch figure.
+            per_ckpt.append({"id": cid, "epochs": epoch - prev, "bytes": size, "ms": ms,
+                             "changed_keys": keys_changed if kv else None, "changed_state_bytes": kv or None,
+                             "changelog_bytes": log_bytes if kv else None, "snapshot_in_interval": not kv})
         checkpoints.append((cid, size, ms, epoch))
         if load_done_s is None and epoch >= load_epochs - 1:
             load_done_s = t_done  # job start -> first checkpoint holding the whole load phase
@@ -461,8 +463,15 @@ def run_once(args: argparse.Namespace, run: int) -> list[dict[str, Any]]:
     killed_at = checkpoints[-1]
 
     # per_ckpt: change-phase checkpoints only (the previous one already covered the load)
-    if not per_ckpt:
+    known = [c for c in per_ckpt if c["changed_state_bytes"]]
+    if not known:
         raise RuntimeError("no checkpoint completed in the change phase; raise --change-epochs-before-kill")
+    per_epoch = {f: statistics.median(c[f] / c["epochs"] for c in known)
+                 for f in ("changed_keys", "changed_state_bytes", "changelog_bytes")}
+    for c in per_ckpt:
+        if not c["changed_state_bytes"]:
+            c.update({f: v * c["epochs"] for f, v in per_epoch.items()})
+        c["ratio"] = c["bytes"] / c["changed_state_bytes"]
 
     restored_last = checkpoint_data(ckpt_dir, killed_at[0])
     state_bytes_at_kill = sum(s for _, s in state_files(restored_last))
@@ -521,6 +530,8 @@ def run_once(args: argparse.Namespace, run: int) -> list[dict[str, Any]]:
                                                / sum(c["changed_state_bytes"] for c in per_ckpt)),
             "changelog_to_changed": statistics.median(c["changelog_bytes"] / c["changed_state_bytes"]
                                                       for c in per_ckpt),
+            "ratio_uploaded_to_changed_max": max(c["ratio"] for c in per_ckpt),
+            "checkpoints_with_snapshot_upload": sum(c["snapshot_in_interval"] for c in per_ckpt),
             "ckpt_ms_median": statistics.median(c["ms"] for c in per_ckpt),
             "load_phase_s": load_done_s,
             "state_bytes_at_kill": state_bytes_at_kill,
