@@ -10,7 +10,7 @@ set -euo pipefail
 
 FLINK_VERSION="${FLINK_VERSION:-2.3.0}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-VENV="${PYFLINK_VENV:-$HERE/../.venv-pyflink}"
+VENV="${PYFLINK_VENV:-$(dirname "$HERE")/.venv-pyflink}"
 PYTHON="${PYTHON:-python3.11}"
 MARKER="$VENV/.sparkpoint-pyflink-$FLINK_VERSION"
 LOG="$(mktemp -t pyflink-setup.XXXXXX.log)"

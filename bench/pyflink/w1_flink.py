@@ -167,7 +167,7 @@ def create_tables(env, t_env, workload: str, events: int, keys: int) -> str:
     (ts = 1,700,000,000,000 + g * 1000 / 10,000 - jitter, jitter 0..1999 ms, g the global
     event number interleaved over the splits). datagen's `sequence` kind cannot be used: its
     SequenceGenerator materialises all remaining values and writes them into every
-    checkpoint. So W2 reads `from_sequence(0, N-1)` (NumberSequenceSource: one contiguous
+    checkpoint. So W2 reads `NumberSequenceSource(0, N-1)` ( one contiguous
     range per subtask, the position is its only state) and computes key, value and ts in SQL
     with built-in functions; g interleaves the two subtask ranges like GeneratorSource's splits."""
     if workload == "w1":
@@ -194,7 +194,12 @@ def create_tables(env, t_env, workload: str, events: int, keys: int) -> str:
               .column_by_expression("ts", f"TO_TIMESTAMP_LTZ({START_TS_MS} + {g} * 1000 / {EVENT_TIME_PER_S} - {jitter}, 3)")
               .watermark("ts", "ts - INTERVAL '5' SECOND")
               .build())
-    t_env.create_temporary_view("events", t_env.from_data_stream(env.from_sequence(0, events - 1), schema))
+    from pyflink.common import Types, WatermarkStrategy
+    from pyflink.datastream.connectors.number_seq import NumberSequenceSource
+
+    seq = env.from_source(NumberSequenceSource(0, events - 1), WatermarkStrategy.no_watermarks(), "sequence",
+                          Types.LONG())
+    t_env.create_temporary_view("events", t_env.from_data_stream(seq, schema))
     t_env.execute_sql("CREATE TABLE sink (key BIGINT, window_start TIMESTAMP(3), cnt BIGINT) "
                       "WITH ('connector' = 'blackhole')")
     return ("INSERT INTO sink SELECT key, window_start, COUNT(*) FROM "
@@ -288,7 +293,7 @@ def parse_job_log(lines: list[str], job_id: str) -> dict[str, Any]:
             text = line + " " + (lines[n + 1] if n + 1 < len(lines) else "")
             if "Not all required tasks are currently running" in text or "is not being executed" in text:
                 reason = "tasks not all running yet (start-up)"
-            elif "unknown task" in text or "task is closing" in text or "FINISHED" in text:
+            elif "unknown task" in text or "task is closing" in text or "is suspending" in text or "FINISHED" in text:
                 reason = "a task just finished (end of input)"
             else:
                 m = re.search(r"Failure reason: ([^.]*)", text)
