@@ -4,7 +4,7 @@ built-in functions only), parallelism 2, local mini-cluster, as a peer of sparkp
     bash bench/pyflink/setup.sh        # once: its own virtualenv at bench/.venv-pyflink
     bench/.venv-pyflink/bin/python bench/pyflink/w1_flink.py [--workload w1|w2]
         [--events 5000000] [--keys 100000] [--configs hashmap-ckpt,hashmap-off,rocksdb-ckpt]
-        [--runs 1] [--first-run 0] [--warmup-events 1000000] [--work /tmp/sparkpoint-bench/pyflink]
+        [--runs 1] [--first-run 0] [--warmup-events 1000000] [--work /tmp/sparkpoint-bench]
 
 Prints one JSON line per run (prefixed `RESULT `), field names as bench/w1_keyed_aggregate.py
 where they mean the same. events/s after start-up: events / (job FINISHED - all subtasks
@@ -395,13 +395,16 @@ def main() -> None:
     p.add_argument("--first-run", type=int, default=0, help="run number of the first run (labels only)")
     p.add_argument("--warmup-events", type=int, default=1_000_000,
                    help="a discarded job first (first config), so the JVM is warm for every configuration; 0: none")
-    p.add_argument("--work", default="/tmp/sparkpoint-bench/pyflink")
+    p.add_argument("--work", default="/tmp/sparkpoint-bench",
+                   help="the run's files go to <work>/pyflink-<pid> (removed at the end unless W1_FLINK_KEEP is set)")
     p.add_argument("--epoch-records", type=int, default=None, help="accepted and ignored (run_all.py passes it)")
     args = p.parse_args()
     configs = args.configs.split(",")
     for c in configs:
         parse_config(c)
-    work = os.path.abspath(args.work)
+    # One directory per process (conf copy, JVM tmpdir, log, checkpoints): concurrent runs do not
+    # clash. Removed after a clean exit; kept (with the JobManager log) when a run failed.
+    work = os.path.join(os.path.abspath(args.work), f"pyflink-{os.getpid()}")
     os.makedirs(work, exist_ok=True)
     dirs = prepare_flink_home(work)
     if args.warmup_events:
@@ -412,6 +415,8 @@ def main() -> None:
             result = run_once(args.workload, config, args.events, args.keys, work, run, dirs["log"])
             result["loadavg_1m_after"] = os.getloadavg()[0]
             print("RESULT " + json.dumps(result), flush=True)
+    if not os.environ.get("W1_FLINK_KEEP"):
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
