@@ -146,7 +146,7 @@ def run_sparkpoint(spark, args, duration_s: float, run: str, rss: PeakRss) -> di
             **_percentiles(lat[keep]), "events": result.records, "events_measured": int(keep.sum()),
             "keys": args.keys, "duration_s": duration_s, "commits": len(commits), "epochs": len(epochs),
             "epoch_events_median": float(np.median(epoch_sizes)) if epoch_sizes else None,
-            "peak_rss_mb": peak, "status": result.status.value}
+            "peak_rss_mb": peak, "peak_rss_by_process": rss.breakdown, "status": result.status.value}
 
 
 # -- Spark Structured Streaming -----------------------------------------------------------------
@@ -239,7 +239,7 @@ def run_spark_ss(spark, args, duration_s: float, run: str, rss: PeakRss) -> dict
             "keys": args.keys, "duration_s": duration_s, "commits": len(batches),
             "batch_ms_median": float(np.median([p["durationMs"]["triggerExecution"] for p in progress
                                                 if p["numInputRows"] > 0])),
-            "peak_rss_mb": peak}
+            "peak_rss_mb": peak, "peak_rss_by_process": rss.breakdown}
 
 
 RUNNERS = {"sparkpoint": run_sparkpoint, "spark-ss": run_spark_ss}

@@ -131,7 +131,7 @@ def run_once(spark, w2: W2, files: str, store: str, work: str, run: int, rss: Pe
                             if p.get("stateOperators")),
         "state_dir_bytes_end": _dir_bytes(os.path.join(root, "checkpoint", "state")),
         "wall_s": wall, "events_per_s_incl_startup": (rows_total - 1) / wall,
-        "peak_rss_mb": peak,
+        "peak_rss_mb": peak, "peak_rss_by_process": rss.breakdown,
     }
     shutil.rmtree(root, ignore_errors=True)
     return out

@@ -113,7 +113,7 @@ def run_once(spark, w2: W2, mode: str, work: str, run: int, rss: PeakRss) -> dic
         "ckpt_bytes_median": statistics.median(sizes) if sizes else None,
         "ckpt_bytes_max": max(sizes) if sizes else None,
         "late_dropped": job.late_dropped,
-        "peak_rss_mb": peak,
+        "peak_rss_mb": peak, "peak_rss_by_process": rss.breakdown,
         "status": result.status.value,
     }
     shutil.rmtree(root, ignore_errors=True)

@@ -151,7 +151,7 @@ def _write_one(df, base: str, files: str, i: int) -> None:
     shutil.rmtree(tmp)
 
 
-# -- peak RSS of the process tree ----------------------------------------------------------
+# -- peak memory (PSS) of the process tree ----------------------------------------------------------
 def _children() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
@@ -167,21 +167,47 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def tree_rss_bytes(root_pid: int | None = None) -> int:
-    """Sum of VmRSS over `root_pid` (default: this process) and all its descendants
-    (the Python driver, the JVM it launched, Spark's Python workers). Shared pages of
-    forked workers count once per process, as `ps` shows them."""
+def _pss_bytes(pid: int, page: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    with open(f"/proc/{pid}/statm") as f:  # no smaps_rollup (old kernel): RSS
+        return int(f.read().split()[1]) * page
+
+
+def tree_rss(root_pid: int | None = None) -> tuple[int, dict[str, list]]:
+    """(memory in bytes, {process name: [count, MB]}) of `root_pid` (default: this
+    process) and all its descendants (the Python driver, the JVM it launched, Spark's
+    Python workers), as the sum of their PSS (proportional set size: a page shared by n
+    processes counts 1/n in each), so the sum is the tree's resident memory. A plain sum
+    of RSS would count the JVM twice whenever it forks a helper (between fork and exec
+    the child shows the JVM's whole RSS) and forked Python workers' shared pages once
+    per worker."""
     tree = _children()
-    todo, total = [root_pid or os.getpid()], 0
+    todo, total, by_name = [root_pid or os.getpid()], 0, {}
+    page = os.sysconf("SC_PAGE_SIZE")
     while todo:
         pid = todo.pop()
         todo.extend(tree.get(pid, ()))
         try:
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            rss = _pss_bytes(pid, page)
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
         except OSError:
-            pass
-    return total
+            continue
+        total += rss
+        entry = by_name.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] = round(entry[1] + rss / 2**20, 1)
+    return total, by_name
+
+
+def tree_rss_bytes(root_pid: int | None = None) -> int:
+    return tree_rss(root_pid)[0]
 
 
 class PeakRss:
@@ -191,6 +217,7 @@ class PeakRss:
     def __init__(self, interval_s: float = 0.2):
         self.interval_s = interval_s
         self._peak = 0
+        self.breakdown: dict[str, list] = {}  # at the peak: {process name: [count, MB]}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="peak-rss", daemon=True)
         self._thread.start()
@@ -198,17 +225,24 @@ class PeakRss:
     def _poll(self) -> None:
         while not self._stop.is_set():
             try:
-                self._peak = max(self._peak, tree_rss_bytes())
+                self._sample()
             except Exception:
                 pass
             self._stop.wait(self.interval_s)
 
+    def _sample(self) -> None:
+        total, by_name = tree_rss()
+        if total >= self._peak:
+            self._peak, self.breakdown = total, by_name
+
     def reset(self) -> None:
-        self._peak = tree_rss_bytes()
+        self._peak = 0
+        self._sample()
 
     @property
     def peak_mb(self) -> float:
-        return round(max(self._peak, tree_rss_bytes()) / 2**20, 1)
+        self._sample()
+        return round(self._peak / 2**20, 1)
 
     def stop(self) -> None:
         self._stop.set()
