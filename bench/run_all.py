@@ -1,20 +1,37 @@
-"""Run the W1 benchmarks (sparkpoint checkpoints off / every 1 s; Spark Structured
-Streaming with the RocksDB and the HDFS-backed state store) round by round, print a
-table of medians and write bench/RESULTS.md.
+"""Run the benchmarks of issue 13 round by round and write bench/RESULTS.md with plots.
 
-    python bench/run_all.py [--runs 3] [--events 5000000] [--keys 100000] [--epoch-records 500000]
+    python bench/run_all.py [--only w1,w1-1m,w2,w3,latency] [--runs 3] [--events 5000000]
+        [--keys 100000] [--keys-1m 1000000] [--epoch-records 500000] [--more] [--results-dir bench]
 
-Each round starts one fresh process per system (so both pay the same JVM start), runs a
-discarded warm-up job, then every configuration once, alternating their order round by
-round. The machine is shared: ratios within a round are the figures to trust.
-Every run's figures go to bench/w1_runs.jsonl; `--more` adds rounds to them, and
-`--more --runs 0` only rewrites RESULTS.md. bench/flink_note.md and bench/observations.md
-(hand-written) are pasted into RESULTS.md when present.
+Sections (default: all of them):
+  w1       W1 keyed aggregate, N = --events, K = --keys (100 k): sparkpoint ckpt-off/ckpt-on
+           (bench/w1_keyed_aggregate.py), Spark SS rocksdb/hdfs (bench/w1_spark_ss.py), PyFlink
+           hashmap-ckpt/hashmap-off/rocksdb-ckpt (bench/pyflink/w1_flink.py --workload w1).
+  w1-1m    the same at K = --keys-1m (1 M).
+  w2       W2 60 s tumbling window, same N and K: sparkpoint (bench/w2_window.py), Spark SS
+           (bench/w2_spark_ss.py), PyFlink (--workload w2).
+  w3       W3 large state (bench/w3_large_state.py, --w3-keys 10 M): one run by default.
+  latency  end-to-end latency at a steady rate (bench/latency.py; sparkpoint and Spark SS, one
+           fresh process each): one run by default.
+
+Each round of w1/w1-1m/w2 starts one fresh process per system (each pays its JVM start and runs a
+discarded warm-up job), then every configuration of that system once; the order of the systems and
+of the configurations alternates round by round. The machine is shared: ratios within a round are
+the figures to trust. PyFlink runs in bench/.venv-pyflink (`bash bench/pyflink/setup.sh` is called
+first; when it fails, PyFlink is skipped and RESULTS.md says why).
+
+Every run's RESULT dict (with `section` and `sitting` added) is appended to <results-dir>/runs.jsonl,
+with one `{"sitting": ...}` line per invocation (machine, versions, load at start/end). Without
+--more, the runs of the selected sections are dropped first (other sections are kept); with --more
+rounds are added to them; `--more --runs 0` runs nothing and only rewrites RESULTS.md and the plots
+from runs.jsonl. The W1 runs of the older <results-dir>/w1_runs.jsonl are shown as section w1 when
+runs.jsonl has none. bench/observations.md (hand-written) is pasted into RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import statistics
@@ -23,82 +40,167 @@ import sys
 import time
 from datetime import datetime, timezone
 from importlib.metadata import version
-from typing import Any
+from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS_MD = os.path.join(HERE, "RESULTS.md")
-RUNS_JSONL = os.path.join(HERE, "w1_runs.jsonl")  # every run's raw figures, for --more
-SCRIPTS = {"sparkpoint": "w1_keyed_aggregate.py", "spark-ss": "w1_spark_ss.py"}
-CONFIGS = [("sparkpoint", "ckpt-off"), ("sparkpoint", "ckpt-on"), ("spark-ss", "rocksdb"), ("spark-ss", "hdfs")]
-RATIOS = [  # (label, numerator, denominator)
-    ("sparkpoint ckpt-on / ckpt-off", ("sparkpoint", "ckpt-on"), ("sparkpoint", "ckpt-off")),
-    ("sparkpoint ckpt-on / Spark SS RocksDB", ("sparkpoint", "ckpt-on"), ("spark-ss", "rocksdb")),
-    ("sparkpoint ckpt-on / Spark SS HDFS store", ("sparkpoint", "ckpt-on"), ("spark-ss", "hdfs")),
-    ("Spark SS RocksDB / HDFS store", ("spark-ss", "rocksdb"), ("spark-ss", "hdfs")),
-]
+REPO = os.path.dirname(HERE)
+PYFLINK_SETUP = os.path.join(HERE, "pyflink", "setup.sh")
+PYFLINK_VENV_PY = os.path.join(HERE, ".venv-pyflink", "bin", "python")
+SECTIONS = ["w1", "w1-1m", "w2", "w3", "latency"]
+THROUGHPUT_SECTIONS = ["w1", "w1-1m", "w2"]
+SECTION_TITLES = {"w1": "W1 keyed aggregate, K = 100 k", "w1-1m": "W1 keyed aggregate, K = 1 M",
+                  "w2": "W2 tumbling window (60 s)", "w3": "W3 large state", "latency": "End-to-end latency"}
+CONFIGS = [("sparkpoint", "ckpt-off"), ("sparkpoint", "ckpt-on"), ("spark-ss", "rocksdb"), ("spark-ss", "hdfs"),
+           ("pyflink", "hashmap-ckpt"), ("pyflink", "hashmap-off"), ("pyflink", "rocksdb-ckpt")]
+PYFLINK_CONFIGS = "hashmap-ckpt,hashmap-off,rocksdb-ckpt"
+TARGETS = {"faster_ss": 1.5, "flink": 1.0, "off": 0.97, "p50": 500, "p99": 1000, "w3_ratio": 1.2, "w3_disk": 0.5}
 
 
-def run_script(system: str, run: int, args: argparse.Namespace) -> list[dict[str, Any]]:
-    cmd = [sys.executable, os.path.join(HERE, SCRIPTS[system]), "--events", str(args.events), "--keys",
-           str(args.keys), "--epoch-records", str(args.epoch_records), "--runs", "1", "--first-run", str(run),
-           "--work", args.work]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE)
+# -- running --------------------------------------------------------------------------------------------
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, REPO, os.environ.get("PYTHONPATH", "")]))
+
+
+def run_command(label: str, cmd: list[str], timeout: float | None = None) -> list[dict[str, Any]]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=HERE, timeout=timeout)
     results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not results:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise RuntimeError(f"{SCRIPTS[system]} (round {run}) failed with exit code {proc.returncode}:\n{tail}")
+        tail = "\n".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-15:])
+        raise RuntimeError(f"{label} failed with exit code {proc.returncode}:\n{tail}")
     return results
 
 
-def previous_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
-    if not os.path.exists(RUNS_JSONL):
-        return []
-    with open(RUNS_JSONL) as f:
-        runs = [json.loads(line) for line in f if line.strip()]
-    same = [r for r in runs if (r["keys"], r["epoch_records"]) == (args.keys, args.epoch_records)
-            and r["events"] == args.events]
-    if len(same) != len(runs):
-        raise SystemExit(f"{RUNS_JSONL} holds runs with other settings; run without --more to start over")
-    return runs
+def _common(args: argparse.Namespace, keys: int, run: int) -> list[str]:
+    out = ["--events", str(args.events), "--keys", str(keys), "--epoch-records", str(args.epoch_records),
+           "--runs", "1", "--first-run", str(run), "--work", args.work]
+    if args.warmup_events is not None:
+        out += ["--warmup-events", str(args.warmup_events)]
+    return out
 
 
-def environment() -> dict[str, Any]:
+def throughput_jobs(section: str, args: argparse.Namespace, run: int,
+                    pyflink_python: str | None) -> list[tuple[str, list[str]]]:
+    """(system, command) of one round of a throughput section."""
+    keys = args.keys_1m if section == "w1-1m" else args.keys
+    py = sys.executable
+    if section == "w2":
+        jobs = [("sparkpoint", [py, os.path.join(HERE, "w2_window.py")]),
+                ("spark-ss", [py, os.path.join(HERE, "w2_spark_ss.py")])]
+    else:
+        jobs = [("sparkpoint", [py, os.path.join(HERE, "w1_keyed_aggregate.py")]),
+                ("spark-ss", [py, os.path.join(HERE, "w1_spark_ss.py")])]
+    if pyflink_python:
+        jobs.append(("pyflink", [pyflink_python, os.path.join(HERE, "pyflink", "w1_flink.py"), "--workload",
+                                 "w2" if section == "w2" else "w1", "--configs", PYFLINK_CONFIGS]))
+    jobs = [(system, cmd + _common(args, keys, run)) for system, cmd in jobs]
+    return jobs if run % 2 == 0 else jobs[::-1]
+
+
+def w3_command(args: argparse.Namespace, run: int) -> list[str]:
+    return [sys.executable, os.path.join(HERE, "w3_large_state.py"), "--keys", str(args.w3_keys),
+            "--runs", "1", "--first-run", str(run), "--restore-modes", args.w3_restore_modes,
+            "--work", args.work + "-w3"]
+
+
+def latency_command(args: argparse.Namespace) -> list[str]:
+    cmd = [sys.executable, os.path.join(HERE, "latency.py"), "--rate", str(args.latency_rate),
+           "--duration-s", str(args.latency_duration_s), "--keys", str(args.keys), "--work", args.work]
+    if args.latency_warmup_s is not None:
+        cmd += ["--warmup-s", str(args.latency_warmup_s)]
+    return cmd
+
+
+def setup_pyflink() -> tuple[str | None, str]:
+    """(the PyFlink venv's python or None, status text for RESULTS.md)."""
+    try:
+        proc = subprocess.run(["bash", PYFLINK_SETUP], capture_output=True, text=True, timeout=1200)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"`bash bench/pyflink/setup.sh` failed: {e!r}"
+    if proc.returncode != 0:
+        tail = " / ".join(proc.stderr.strip().splitlines()[-4:])
+        return None, f"`bash bench/pyflink/setup.sh` failed (exit {proc.returncode}): {tail}"
+    lines = proc.stdout.strip().splitlines()
+    python = lines[-1].strip() if lines else PYFLINK_VENV_PY
+    return python, "ok"
+
+
+def environment(pyflink_python: str | None) -> dict[str, Any]:
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
     with open("/proc/meminfo") as f:
         mem_kb = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
+    flink = None
+    if pyflink_python:
+        proc = subprocess.run([pyflink_python, "-c", "from importlib.metadata import version; "
+                               "print(version('apache-flink'))"], capture_output=True, text=True)
+        flink = proc.stdout.strip() or None
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "nproc": os.cpu_count(), "ram_gib": round(mem_kb / 2**20, 1),
         "python": sys.version.split()[0], "pyspark": version("pyspark"), "pyarrow": version("pyarrow"),
-        "rocksdict": version("rocksdict"), "java": java[0] if java else "?",
+        "rocksdict": version("rocksdict"), "java": java[0] if java else "?", "flink": flink,
     }
 
 
-def median_of(results: list[dict[str, Any]], system: str, config: str, field: str) -> float | None:
-    values = [r[field] for r in results if r["system"] == system and r["config"] == config and r.get(field) is not None]
+# -- the raw file ---------------------------------------------------------------------------------------
+
+def read_raw(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_raw(path: str, records: list[dict[str, Any]]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    os.replace(tmp, path)
+
+
+def section_settings(section: str, args: argparse.Namespace) -> dict[str, Any]:
+    if section in ("w1", "w1-1m", "w2"):
+        return {"events": args.events, "keys": args.keys_1m if section == "w1-1m" else args.keys}
+    if section == "w3":
+        return {"keys": args.w3_keys}
+    return {"rate": args.latency_rate}
+
+
+def check_same_settings(records: list[dict[str, Any]], section: str, args: argparse.Namespace) -> None:
+    want = section_settings(section, args)
+    for r in records:
+        if r.get("section") != section or "system" not in r or "failed" in r:
+            continue
+        got = {k: r.get(k) for k in want if r.get(k) is not None}
+        if any(got[k] != want[k] for k in got):
+            raise SystemExit(f"{args.raw} holds {section} runs with {got}, not {want}; "
+                             f"run without --more to start {section} over")
+
+
+# -- figures --------------------------------------------------------------------------------------------
+
+def runs_of(results: list[dict[str, Any]], section: str, system: str | None = None,
+            config: str | None = None) -> list[dict[str, Any]]:
+    return [r for r in results if r.get("section") == section and "failed" not in r
+            and (system is None or r["system"] == system) and (config is None or r["config"] == config)]
+
+
+def median_of(results: list[dict[str, Any]], field: str) -> float | None:
+    values = [r[field] for r in results if r.get(field) is not None]
     return statistics.median(values) if values else None
 
 
-def ratios(results: list[dict[str, Any]]) -> list[tuple[str, float | None, float | None]]:
-    """(label, ratio of the medians, median of the per-round ratios)."""
-    out = []
-    for label, num, den in RATIOS:
-        a, b = median_of(results, *num, "events_per_s"), median_of(results, *den, "events_per_s")
-        by_round = []
-        for run in sorted({r["run"] for r in results}):
-            x = [r["events_per_s"] for r in results if (r["system"], r["config"]) == num and r["run"] == run]
-            y = [r["events_per_s"] for r in results if (r["system"], r["config"]) == den and r["run"] == run]
-            if x and y:
-                by_round.append(x[0] / y[0])
-        out.append((label, a / b if a and b else None, statistics.median(by_round) if by_round else None))
-    return out
+def mean_of(results: list[dict[str, Any]], field: str) -> float | None:
+    values = [r[field] for r in results if r.get(field) is not None]
+    return statistics.mean(values) if values else None
 
 
 def _fmt(v: Any, unit: str = "") -> str:
     if v is None:
         return "–"
-    if isinstance(v, float) and v >= 100 or isinstance(v, int):
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int) or isinstance(v, float) and abs(v) >= 100:
         return f"{v:,.0f}{unit}"
     return f"{v:.2f}{unit}"
 
@@ -108,52 +210,270 @@ def _load_range(results: list[dict[str, Any]]) -> str:
     return f"{min(loads):.1f}–{max(loads):.1f} (median {statistics.median(loads):.1f})" if loads else "–"
 
 
-def summary_table(results: list[dict[str, Any]]) -> str:
+def _met(value: float | None, target: float, at_least: bool) -> str:
+    if value is None:
+        return "not measured"
+    ok = value >= target if at_least else value <= target
+    return "**met**" if ok else "not met"
+
+
+def throughput_table(results: list[dict[str, Any]], section: str) -> str:
     rows = ["| system | config | events/s after start-up (median) | runs (events/s) | epoch / batch s (median) "
-            "| checkpoint p50 / p99 ms | state commit ms (median) | bytes per checkpoint (median) |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| checkpoint p50 / p99 ms (median) | state commit ms (median) | bytes per checkpoint (median) "
+            "| load (1 min) after each run |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for system, config in CONFIGS:
-        runs = [r for r in results if r["system"] == system and r["config"] == config]
+        runs = sorted(runs_of(results, section, system, config), key=lambda r: r["run"])
         if not runs:
             continue
-        m = lambda f: median_of(results, system, config, f)  # noqa: E731
-        per_run = ", ".join(f"{r['events_per_s']:,.0f}" for r in sorted(runs, key=lambda r: r["run"]))
-        if system == "sparkpoint":
-            epoch = m("epoch_s_median")
-            ckpt = f"{_fmt(m('ckpt_p50_ms'))} / {_fmt(m('ckpt_p99_ms'))}" if config == "ckpt-on" else "– (off)"
-            commit, size = "–", _fmt(m("ckpt_bytes_median"), " B") if config == "ckpt-on" else "–"
-        else:
+        m = lambda f: median_of(runs, f)  # noqa: E731
+        per_run = ", ".join(f"{r['events_per_s']:,.0f}" for r in runs)
+        loads = ", ".join(f"{r['loadavg_1m_after']:.1f}" for r in runs if r.get("loadavg_1m_after") is not None)
+        ckpt_on = config.endswith("-on") or config.endswith("-ckpt")
+        if system == "spark-ss":
             epoch = (m("batch_ms_median") or 0) / 1000
             ckpt = "every batch (not reported)"
             commit = _fmt(m("state_commit_ms_median"))
             size = "state dir at end: " + _fmt(m("state_dir_bytes_end"), " B")
+        else:
+            epoch = m("epoch_s_median")
+            ckpt = f"{_fmt(m('ckpt_p50_ms'))} / {_fmt(m('ckpt_p99_ms'))}" if ckpt_on else "– (off)"
+            commit = "–"
+            size = _fmt(m("ckpt_bytes_median"), " B") if ckpt_on else "–"
         rows.append(f"| {system} | {config} | {_fmt(m('events_per_s'))} | {per_run} | {_fmt(epoch)} | {ckpt} "
-                    f"| {commit} | {size} |")
+                    f"| {commit} | {size} | {loads} |")
     return "\n".join(rows)
 
 
-def write_results_md(env: dict[str, Any], args: argparse.Namespace, results: list[dict[str, Any]],
-                     load: tuple[float, float], notes: str) -> None:
-    ratio_rows = "\n".join(f"| {label} | {_fmt(a)} | {_fmt(b)} |" for label, a, b in ratios(results))
-    raw = "\n".join(json.dumps(r) for r in sorted(results, key=lambda r: (r["system"], r["config"], r["run"])))
-    text = f"""# Benchmark results
+def _round_ratio(results: list[dict[str, Any]], section: str, num: Callable, den: Callable) -> float | None:
+    """Median over rounds (run numbers) of num(round's runs) / den(round's runs)."""
+    by_round = []
+    for run in sorted({r["run"] for r in runs_of(results, section)}):
+        rr = [r for r in runs_of(results, section) if r["run"] == run]
+        a, b = num(rr), den(rr)
+        if a and b:
+            by_round.append(a / b)
+    return statistics.median(by_round) if by_round else None
 
-Written by `python bench/run_all.py --runs {args.runs} --events {args.events} --keys {args.keys} \
---epoch-records {args.epoch_records}` (re-running overwrites this file).
 
-## Machine and versions
-- date: {env['date']}; nproc: {env['nproc']}; RAM: {env['ram_gib']} GiB
-- load average (1 min) at start / end: {load[0]:.2f} / {load[1]:.2f}; after each run: {_load_range(results)}
-  — the machine is shared with other work (test suites and Spark jobs of other helpers) running at
-  the same time: absolute numbers drift a lot, ratios measured side by side in one round hold better.
-- Python {env['python']}, pyspark {env['pyspark']}, pyarrow {env['pyarrow']}, rocksdict {env['rocksdict']},
-  java: `{env['java']}`
+def _eps(system: str, config: str) -> Callable[[list[dict[str, Any]]], float | None]:
+    return lambda rr: median_of([r for r in rr if (r["system"], r["config"]) == (system, config)], "events_per_s")
 
-## W1 keyed aggregate: settings
-- Events: N = {args.events:,} (not the 20 M of BENCHMARKS.md, to keep each configuration short on a
-  loaded 2-core machine), keys uniform over K = {args.keys:,}, value 0..999; the records of
+
+def _faster_ss(rr: list[dict[str, Any]]) -> float | None:
+    values = [v for v in (_eps("spark-ss", "rocksdb")(rr), _eps("spark-ss", "hdfs")(rr)) if v]
+    return max(values) if values else None
+
+
+def throughput_ratios(results: list[dict[str, Any]], section: str) -> str:
+    runs = runs_of(results, section)
+    on = _eps("sparkpoint", "ckpt-on")
+    rows = ["| ratio | of the medians | median of the per-round ratios | issue-13 target | met (medians) |",
+            "|---|---|---|---|---|"]
+    specs = [
+        ("sparkpoint ckpt-on / Spark SS faster store (max of RocksDB, HDFS medians)", on, _faster_ss,
+         TARGETS["faster_ss"], True),
+        ("sparkpoint ckpt-on / PyFlink hashmap-ckpt", on, _eps("pyflink", "hashmap-ckpt"), TARGETS["flink"], True),
+        ("sparkpoint ckpt-on / ckpt-off", on, _eps("sparkpoint", "ckpt-off"), TARGETS["off"], True),
+        ("sparkpoint ckpt-on / Spark SS RocksDB", on, _eps("spark-ss", "rocksdb"), None, True),
+        ("sparkpoint ckpt-on / Spark SS HDFS store", on, _eps("spark-ss", "hdfs"), None, True),
+        ("sparkpoint ckpt-on / PyFlink rocksdb-ckpt", on, _eps("pyflink", "rocksdb-ckpt"), None, True),
+        ("PyFlink hashmap-ckpt / hashmap-off", _eps("pyflink", "hashmap-ckpt"), _eps("pyflink", "hashmap-off"),
+         None, True),
+    ]
+    for label, num, den, target, at_least in specs:
+        a, b = num(runs), den(runs)
+        ratio = a / b if a and b else None
+        per_round = _round_ratio(results, section, num, den)
+        tgt = "–" if target is None else f"{'≥' if at_least else '≤'} {target}"
+        met = "–" if target is None else _met(ratio, target, at_least)
+        rows.append(f"| {label} | {_fmt(ratio)} | {_fmt(per_round)} | {tgt} | {met} |")
+    ck = runs_of(results, section, "sparkpoint", "ckpt-on")
+    p50, p99 = median_of(ck, "ckpt_p50_ms"), median_of(ck, "ckpt_p99_ms")
+    rows.append(f"| sparkpoint checkpoint p50 (ms, median of runs) | {_fmt(p50)} | – | ≤ {TARGETS['p50']} "
+                f"| {_met(p50, TARGETS['p50'], False)} |")
+    rows.append(f"| sparkpoint checkpoint p99 (ms, median of runs) | {_fmt(p99)} | – | ≤ {TARGETS['p99']} "
+                f"| {_met(p99, TARGETS['p99'], False)} |")
+    return "\n".join(rows)
+
+
+W3_FIELDS = [("ratio_uploaded_to_changed", "uploaded / changed (median)"),
+             ("ratio_uploaded_to_changed_mean", "uploaded / changed (mean)"),
+             ("bytes_per_checkpoint_median", "bytes per checkpoint"), ("changed_state_bytes", "changed bytes"),
+             ("ckpt_ms_median", "checkpoint ms"), ("load_phase_s", "load phase s"),
+             ("state_bytes_at_kill", "state bytes at kill"), ("restore_s", "restore s"),
+             ("restore_bytes", "restore bytes"), ("restore_mb_per_s", "restore MB/s"),
+             ("disk_read_mb_per_s", "disk read MB/s"), ("restore_fraction_of_disk", "restore / disk"),
+             ("state_rebuild_s_max", "state rebuild s"), ("peak_rss_driver_mb", "peak RSS driver MB"),
+             ("peak_rss_executors_mb", "peak RSS executors MB"), ("peak_pss_executors_mb", "peak PSS executors MB")]
+
+
+def w3_table(results: list[dict[str, Any]]) -> str:
+    configs = sorted({r["config"] for r in runs_of(results, "w3")})
+    rows = ["| figure | " + " | ".join(configs) + " |", "|---|" + "---|" * len(configs)]
+    for field, label in W3_FIELDS:
+        cells = []
+        for config in configs:
+            runs = sorted(runs_of(results, "w3", None, config), key=lambda r: r["run"])
+            med = median_of(runs, field)
+            per = ", ".join(_fmt(r.get(field)) for r in runs)
+            cells.append(_fmt(med) + (f" ({per})" if len(runs) > 1 else ""))
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    loads = [", ".join(f"{r['loadavg_1m_after']:.1f}" for r in runs_of(results, "w3", None, c)
+                       if r.get("loadavg_1m_after") is not None) for c in configs]
+    rows.append("| load (1 min) after | " + " | ".join(loads) + " |")
+    return "\n".join(rows)
+
+
+def w3_targets(results: list[dict[str, Any]]) -> str:
+    runs = runs_of(results, "w3")
+    rows = ["| figure | value | issue-13 target | met |", "|---|---|---|---|"]
+    for field, label in [("ratio_uploaded_to_changed", "uploaded / changed bytes per checkpoint, median"),
+                         ("ratio_uploaded_to_changed_mean", "uploaded / changed bytes, mean (snapshots amortized)")]:
+        # Both restore modes share the change phase only in their own run; take the median over all.
+        v = median_of(runs, field)
+        rows.append(f"| {label} | {_fmt(v)} | ≤ {TARGETS['w3_ratio']} | {_met(v, TARGETS['w3_ratio'], False)} |")
+    for config in sorted({r["config"] for r in runs}):
+        v = median_of(runs_of(results, "w3", None, config), "restore_fraction_of_disk")
+        rows.append(f"| restore MB/s / disk read MB/s ({config}) | {_fmt(v)} | ≥ {TARGETS['w3_disk']} "
+                    f"| {_met(v, TARGETS['w3_disk'], True)} |")
+    for field in ("peak_rss_driver_mb", "peak_rss_executors_mb"):
+        v = max((r[field] for r in runs if r.get(field) is not None), default=None)
+        rows.append(f"| {field} (max over runs) | {_fmt(v, ' MB')} | reported | – |")
+    return "\n".join(rows)
+
+
+def latency_table(results: list[dict[str, Any]]) -> str:
+    rows = ["| system | config | rate (events/s) | latency p50 ms | p99 ms | max ms | mean ms "
+            "| from readable p50 / p99 ms | commits | events measured | load after |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(runs_of(results, "latency"), key=lambda r: (r["system"], r["config"], r["run"])):
+        readable = (f"{_fmt(r.get('latency_from_readable_p50_ms'))} / {_fmt(r.get('latency_from_readable_p99_ms'))}"
+                    if r.get("latency_from_readable_p50_ms") is not None else "–")
+        rows.append(f"| {r['system']} | {r['config']} | {_fmt(r.get('rate'))} | {_fmt(r.get('latency_p50_ms'))} "
+                    f"| {_fmt(r.get('latency_p99_ms'))} | {_fmt(r.get('latency_max_ms'))} "
+                    f"| {_fmt(r.get('latency_mean_ms'))} | {readable} | {_fmt(r.get('commits'))} "
+                    f"| {_fmt(r.get('events_measured'))} | {_fmt(r.get('loadavg_1m_after'))} |")
+    return "\n".join(rows)
+
+
+def _peak_fields(r: dict[str, Any]) -> list[str]:
+    return sorted(k for k, v in r.items() if k.startswith("peak_") and k.endswith("_mb") and isinstance(v, (int, float)))
+
+
+def memory_table(results: list[dict[str, Any]], sections: list[str]) -> str:
+    rows = ["| section | system | config | peak memory, median over runs (MB) | field(s) |", "|---|---|---|---|---|"]
+    for section in sections:
+        keys = sorted({(r["system"], r["config"]) for r in runs_of(results, section)},
+                      key=lambda k: (CONFIGS.index(k) if k in CONFIGS else 99, k))
+        for system, config in keys:
+            runs = runs_of(results, section, system, config)
+            fields = sorted({f for r in runs for f in _peak_fields(r)})
+            if not fields:
+                rows.append(f"| {section} | {system} | {config} | not measured | – |")
+                continue
+            values = "; ".join(f"{f[5:-3]}: {_fmt(median_of(runs, f))}" for f in fields)
+            rows.append(f"| {section} | {system} | {config} | {values} | {', '.join(fields)} |")
+    return "\n".join(rows)
+
+
+# -- plots ----------------------------------------------------------------------------------------------
+
+def draw_plots(results: list[dict[str, Any]], plots_dir: str) -> list[str]:
+    """PNG files drawn (paths relative to plots_dir's parent); [] when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plots", file=sys.stderr)
+        return []
+    os.makedirs(plots_dir, exist_ok=True)
+    colors = {"sparkpoint": "tab:blue", "spark-ss": "tab:orange", "pyflink": "tab:green"}
+    drawn = []
+    for section in THROUGHPUT_SECTIONS:
+        keys = [k for k in CONFIGS if runs_of(results, section, *k)]
+        if not keys:
+            continue
+        fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(keys)), 4.5))
+        for i, (system, config) in enumerate(keys):
+            values = [r["events_per_s"] for r in runs_of(results, section, system, config)]
+            ax.bar(i, statistics.median(values), color=colors.get(system, "grey"), alpha=0.8)
+            ax.scatter([i] * len(values), values, color="black", s=14, zorder=3)
+        ax.set_xticks(range(len(keys)), [f"{s}\n{c}" for s, c in keys], fontsize=8)
+        ax.set_ylabel("events/s after start-up (bar: median, dots: runs)")
+        ax.set_title(SECTION_TITLES[section])
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1e3:,.0f}k"))
+        fig.tight_layout()
+        name = f"throughput_{section}.png"
+        fig.savefig(os.path.join(plots_dir, name), dpi=100)
+        plt.close(fig)
+        drawn.append(name)
+    panels = []
+    for section in THROUGHPUT_SECTIONS:
+        keys = [k for k in CONFIGS if any(r.get("ckpt_p50_ms") is not None for r in runs_of(results, section, *k))
+                and not k[1].endswith("off")]
+        if keys:
+            panels.append((section, keys))
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+        for ax, (section, keys) in zip(axes[0], panels):
+            for i, k in enumerate(keys):
+                runs = runs_of(results, section, *k)
+                ax.bar(i - 0.2, median_of(runs, "ckpt_p50_ms") or 0, 0.4, color=colors.get(k[0], "grey"), alpha=0.6,
+                       label="p50" if i == 0 else None)
+                ax.bar(i + 0.2, median_of(runs, "ckpt_p99_ms") or 0, 0.4, color=colors.get(k[0], "grey"), alpha=1.0,
+                       hatch="//", label="p99" if i == 0 else None)
+            ax.axhline(TARGETS["p50"], color="grey", ls="--", lw=1)
+            ax.axhline(TARGETS["p99"], color="red", ls="--", lw=1)
+            ax.set_xticks(range(len(keys)), [f"{s}\n{c}" for s, c in keys], fontsize=8)
+            ax.set_title(f"checkpoint duration, {section}")
+            ax.set_ylabel("ms (median of runs)")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(plots_dir, "checkpoint_ms.png"), dpi=100)
+        plt.close(fig)
+        drawn.append("checkpoint_ms.png")
+    lat = sorted(runs_of(results, "latency"), key=lambda r: (r["system"], r["run"]))
+    if lat:
+        fig, ax = plt.subplots(figsize=(max(5, 2 * len(lat)), 4.5))
+        for i, r in enumerate(lat):
+            c = colors.get(r["system"], "grey")
+            ax.bar(i - 0.2, r.get("latency_p50_ms") or 0, 0.4, color=c, alpha=0.6, label="p50" if i == 0 else None)
+            ax.bar(i + 0.2, r.get("latency_p99_ms") or 0, 0.4, color=c, hatch="//", label="p99" if i == 0 else None)
+        ax.set_xticks(range(len(lat)), [f"{r['system']}\n{r['config']}\nrun {r['run']}" for r in lat], fontsize=8)
+        ax.set_ylabel("event in → visible in committed output, ms")
+        ax.set_title("end-to-end latency")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(plots_dir, "latency.png"), dpi=100)
+        plt.close(fig)
+        drawn.append("latency.png")
+    return drawn
+
+
+# -- RESULTS.md -----------------------------------------------------------------------------------------
+
+def _docstring(script: str) -> str:
+    path = os.path.join(HERE, script)
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        return ast.get_docstring(ast.parse(f.read())) or ""
+
+
+def _quoted_doc(script: str) -> str:
+    doc = _docstring(script)
+    return f"<details><summary>bench/{script} (its docstring)</summary>\n\n```\n{doc}\n```\n</details>" if doc else ""
+
+
+def w1_settings(events: int | None, keys: int, epoch_records: int | None) -> str:
+    ev = f"{events:,}" if events else "(see raw runs)"
+    ep = f"{epoch_records:,}" if epoch_records else "(see raw runs)"
+    return f"""- Events: N = {ev} (not the 20 M of BENCHMARKS.md, to keep each configuration short on a
+  loaded 2-core machine), keys uniform over K = {keys:,}, value 0..999; the records of
   `GeneratorSource(seed=7, splits=2)`; per key `count(*)` and `sum(value)`, unwindowed, update mode.
-- Batches: {args.epoch_records:,} events per sparkpoint epoch (`max_records_per_epoch`, no rate limit);
+- Batches: {ep} events per sparkpoint epoch (`max_records_per_epoch`, no rate limit);
   Spark SS reads the same events from Parquet files written from the same generator slices,
   one file per epoch, `maxFilesPerTrigger=1`, so batches are the same size.
 - Both: `local[2]`, `spark.sql.shuffle.partitions=2`, AQE off, driver 2 GiB, output written as
@@ -169,21 +489,135 @@ Written by `python bench/run_all.py --runs {args.runs} --events {args.events} --
   `spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled=true`, or the default
   `HDFSBackedStateStoreProvider`. Spark SS commits state every batch; its comparison point is
   sparkpoint with checkpoints on.
+{PYFLINK_SETTINGS}
 - events/s after start-up: events from the end of epoch/batch 0 to the end of the last epoch/batch
   with data, divided by that time (excludes Spark start-up and warm-up of batch 0, and sparkpoint's
-  final empty epoch and final checkpoint). Each round runs one fresh process per system with a
+  final empty epoch and final checkpoint; PyFlink: N / time from the last subtask RUNNING to the job
+  FINISHED, from the JobManager log). Each round runs one fresh process per system with a
   discarded 1 M-event warm-up job, then each configuration once, alternating the order.
 - Checkpoint p50/p99: sparkpoint's trigger-to-complete duration (`coordinator.stats`); bytes per
   checkpoint: uploaded bytes per completed checkpoint (incremental: only new SST files). Spark SS
-  state commit: `stateOperators[0].commitTimeMs` per batch.
+  state commit: `stateOperators[0].commitTimeMs` per batch. PyFlink: `end_to_end_duration` and
+  `checkpointed_size` from the REST API."""
 
-## W1 results (median of {args.runs} rounds)
-{summary_table(results)}
 
-## Ratios (throughput after start-up)
-| ratio | of the medians | median of the per-round ratios |
-|---|---|---|
-{ratio_rows}
+PYFLINK_SETTINGS = """- PyFlink (Apache Flink through PyFlink, `bench/pyflink/w1_flink.py`, its own venv
+  bench/.venv-pyflink; see bench/pyflink/README.md): Flink SQL with built-in functions only, parallelism 2,
+  local mini-cluster; `execution.checkpointing.interval` 1 s (`*-ckpt`) or unset (`*-off`);
+  `state.backend.type` hashmap or rocksdb (incremental); other settings Flink's defaults (exactly-once,
+  max-concurrent 1, unaligned off). W1 reads `datagen` (random keys 0..K-1, same distribution, not the same
+  events) into `SELECT key, COUNT(*), SUM(value) ... GROUP BY key` → blackhole; W2 reads
+  `NumberSequenceSource` with computed key/value/event time (10,000 events per second of event time,
+  up to 2 s disorder, watermark 5 s) into a 60 s `TUMBLE` window TVF → blackhole. Sinks are blackhole
+  (no output written), unlike the Parquet output of the other two."""
+
+
+def section_markdown(section: str, results: list[dict[str, Any]], args: argparse.Namespace,
+                     pyflink_status: dict[str, str], plots: list[str]) -> str:
+    runs = runs_of(results, section)
+    failed = [r for r in results if r.get("section") == section and "failed" in r]
+    title = SECTION_TITLES[section]
+    out = [f"## {title} (`{section}`)"]
+    if not runs and not failed:
+        return "\n".join(out + ["Not measured (no runs of this section in runs.jsonl)."])
+    nrounds = len({r["run"] for r in runs})
+    if section in THROUGHPUT_SECTIONS:
+        sample = next((r for r in runs if r["system"] != "pyflink"), runs[0] if runs else {})
+        keys = sample.get("keys", args.keys)
+        events = next((r["events"] for r in runs if r["system"] == "sparkpoint"), None)
+        if section == "w2":
+            out.append("### Settings\nSame N, K, epoch size, Spark settings and round structure as W1; the pipeline "
+                       "and the query as the scripts' docstrings say (below). Event time advances "
+                       f"{sample.get('event_time_per_s', '?')} events per second of event time (sparkpoint, Spark SS)."
+                       f" N = {_fmt(events)}, K = {_fmt(keys)}.\n" + PYFLINK_SETTINGS + "\n\n"
+                       + _quoted_doc("w2_window.py") + "\n\n" + _quoted_doc("w2_spark_ss.py"))
+        else:
+            out.append("### Settings\n" + w1_settings(events, keys, sample.get("epoch_records")))
+        if pyflink_status.get(section, "ok") != "ok":
+            out.append(f"\n**PyFlink skipped:** {pyflink_status[section]}")
+        out.append(f"\n### Results (median of {nrounds} rounds)\n" + throughput_table(results, section))
+        out.append("\n### Ratios (throughput after start-up) and issue-13 targets\n" + throughput_ratios(results, section))
+        name = f"throughput_{section}.png"
+        if name in plots:
+            out.append(f"\n![{title}: events/s]({os.path.basename(args.plots_dir)}/{name})")
+    elif section == "w3":
+        out.append("### Settings\n" + _quoted_doc("w3_large_state.py"))
+        if runs:
+            out.append(f"Keys: {_fmt(runs[0].get('keys'))}, change fraction {runs[0].get('change_fraction')}, "
+                       f"checkpoint interval {runs[0].get('interval')}.")
+        out.append(f"\n### Results ({nrounds} run(s); median, per-run values in brackets)\n" + w3_table(results))
+        out.append("\n### Issue-13 targets\n" + w3_targets(results))
+    else:
+        out.append("### Settings\n" + _quoted_doc("latency.py")
+                   + "\nPyFlink: not measured (bench/latency.py has no PyFlink runner).")
+        out.append(f"\n### Results ({nrounds} run(s) per system)\n" + latency_table(results))
+        if "latency.png" in plots:
+            out.append(f"\n![latency]({os.path.basename(args.plots_dir)}/latency.png)")
+    if failed:
+        out.append("\n**Failed runs:**\n" + "\n".join(
+            f"- round {r.get('run')} {r.get('system')}: `{r['failed'].splitlines()[0][:300]}`" for r in failed))
+    return "\n".join(out)
+
+
+def write_results_md(path: str, args: argparse.Namespace, records: list[dict[str, Any]],
+                     plots: list[str], notes: str) -> None:
+    sittings = [r for r in records if "sitting" in r and "env" in r]
+    results = [r for r in records if "system" in r]
+    present = [s for s in SECTIONS if any(r.get("section") == s for r in results)]
+    pyflink_status: dict[str, str] = {}
+    for s in sittings:
+        for section in s.get("sections", []):
+            pyflink_status[section] = s.get("pyflink", "ok")
+    machine = []
+    for s in sittings:
+        env = s["env"]
+        end = s.get("load_end")
+        machine.append(
+            f"- sitting {s['sitting']} (`{s.get('argv', '')}`; sections {', '.join(s.get('sections', [])) or 'none'}):\n"
+            f"  date {env['date']}; nproc {env['nproc']}; RAM {env['ram_gib']} GiB; load average (1/5/15 min) at "
+            f"start {' / '.join(f'{x:.2f}' for x in s['load_start'])}, at end "
+            f"{' / '.join(f'{x:.2f}' for x in end) if end else '– (cut short)'}\n"
+            f"  Python {env['python']}, pyspark {env['pyspark']}, pyarrow {env['pyarrow']}, "
+            f"rocksdict {env['rocksdict']}, java `{env['java']}`, Flink (apache-flink) {env.get('flink') or '–'}"
+            + (f"\n  PyFlink: {s['pyflink']}" if s.get("pyflink", "ok") != "ok" else ""))
+    if any(r.get("sitting") is None for r in results):
+        machine.append("- W1 runs from the older bench/w1_runs.jsonl (no sitting record: machine as at the time).")
+    loads = "\n".join(f"- {s}: {_load_range(runs_of(results, s))}" for s in present)
+    cmd = "python bench/run_all.py " + " ".join(sys.argv[1:])
+    sections_md = "\n\n".join(section_markdown(s, results, args, pyflink_status, plots) for s in SECTIONS)
+    plot_dir = os.path.basename(args.plots_dir)
+    links = "\n".join(f"- [{p}]({plot_dir}/{p})" for p in plots) or "- none drawn (matplotlib missing or no runs)"
+    ck = f"\n![checkpoint durations]({plot_dir}/checkpoint_ms.png)" if "checkpoint_ms.png" in plots else ""
+    raw = "\n".join(json.dumps({k: v for k, v in r.items() if k not in ("definitions", "peak_rss_by_process")})
+                    for r in sorted(results, key=lambda r: (SECTIONS.index(r["section"]) if r.get("section") in SECTIONS
+                                                            else 9, r["system"], r.get("config", ""), r.get("run", 0))))
+    text = f"""# Benchmark results
+
+Written by `{cmd}` (`make bench`; re-running overwrites this file; `--more --runs 0` re-renders it and
+the plots from {os.path.basename(args.raw)}). Sections: {', '.join(present) or 'none'}.
+
+## Machine and versions
+{chr(10).join(machine) or '- (no sitting recorded)'}
+- load average (1 min) after each run, per section (range, median):
+{loads}
+- The machine is shared with other work (test suites and Spark jobs of other helpers) running at the
+  same time: absolute numbers drift a lot, ratios measured side by side in one round hold better.
+
+## Plots
+{links}
+
+{sections_md}
+
+## Checkpoint durations (W1, W2)
+sparkpoint and PyFlink checkpoint p50 / p99 per configuration are in each section's table; Spark SS
+commits state every batch and reports no checkpoint duration (its state commit time is in the tables).{ck}
+
+## Peak memory
+Peak memory fields the RESULT lines carry (W2 and latency: PSS of the process tree, see
+bench/w2_workload.py; PyFlink: summed RSS of the Python process and its JVM; W3: driver and executor
+side). The W1 sparkpoint and Spark SS scripts do not measure memory: "not measured".
+
+{memory_table(results, present)}
 
 {notes}
 
@@ -192,58 +626,129 @@ Written by `python bench/run_all.py --runs {args.runs} --events {args.events} --
 {raw}
 ```
 """
-    with open(RESULTS_MD, "w") as f:
+    with open(path, "w") as f:
         f.write(text)
 
 
 NOTES = """{observations}
 
-## Flink (PyFlink)
-{flink}
-
-## Not measured in this run
-W2 (tumbling window) and W3 (10 M keys state, restore after SIGKILL) of BENCHMARKS.md, and K = 1 M
-keys for W1."""
+## Flink (PyFlink), earlier hand measurement
+{flink}"""
 
 
 def _read_or(path: str, default: str) -> str:
     return open(path).read().strip() if os.path.exists(path) else default
 
 
+# -- main -----------------------------------------------------------------------------------------------
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--events", type=int, default=5_000_000)
-    parser.add_argument("--keys", type=int, default=100_000)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections, of {','.join(SECTIONS)}")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="rounds per section (default 3; w3 and latency: 1); 0 with --more: re-render only")
+    parser.add_argument("--events", type=int, default=5_000_000, help="N of w1, w1-1m, w2")
+    parser.add_argument("--keys", type=int, default=100_000, help="K of w1, w2, latency")
+    parser.add_argument("--keys-1m", type=int, default=1_000_000, help="K of w1-1m")
     parser.add_argument("--epoch-records", type=int, default=500_000)
+    parser.add_argument("--warmup-events", type=int, default=None,
+                        help="passed to the w1/w2 scripts (their default: 1 M)")
+    parser.add_argument("--w3-keys", type=int, default=10_000_000)
+    parser.add_argument("--w3-restore-modes", default="local,remote")
+    parser.add_argument("--latency-rate", type=int, default=50_000)
+    parser.add_argument("--latency-duration-s", type=float, default=60)
+    parser.add_argument("--latency-warmup-s", type=float, default=None, help="passed to latency.py (its default: 10)")
     parser.add_argument("--work", default="/tmp/sparkpoint-bench")
+    parser.add_argument("--results-dir", default=HERE,
+                        help="where RESULTS.md, runs.jsonl and plots/ go (default: bench/)")
+    parser.add_argument("--no-pyflink", action="store_true", help="skip the PyFlink peer")
     parser.add_argument("--more", action="store_true",
-                        help=f"keep the runs in {os.path.basename(RUNS_JSONL)} (same settings) and add --runs "
-                             "rounds; --more --runs 0 only rewrites RESULTS.md from them")
+                        help="keep the runs in runs.jsonl and add --runs rounds; --more --runs 0 only rewrites "
+                             "RESULTS.md and the plots from them")
     args = parser.parse_args()
-    env = environment()
-    load_start = os.getloadavg()[0]
-    results = previous_runs(args) if args.more else []
-    first = max((r["run"] for r in results), default=-1) + 1
-    for run in range(first, first + args.runs):
-        for system in SCRIPTS:
-            started = time.monotonic()
-            got = run_script(system, run, args)
-            results += got
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; known: {SECTIONS}")
+    os.makedirs(args.results_dir, exist_ok=True)
+    args.raw = os.path.join(args.results_dir, "runs.jsonl")
+    args.plots_dir = os.path.join(args.results_dir, "plots")
+    results_md = os.path.join(args.results_dir, "RESULTS.md")
+
+    records = read_raw(args.raw)
+    render_only = args.more and args.runs == 0
+    if not render_only:
+        if args.more:
+            for section in sections:
+                check_same_settings(records, section, args)
+        else:
+            records = [r for r in records if not (r.get("section") in sections and "system" in r)]
+        pyflink_python, pyflink_status = None, "skipped (--no-pyflink)" if args.no_pyflink else "ok"
+        if not args.no_pyflink and any(s in THROUGHPUT_SECTIONS for s in sections):
+            print("bash bench/pyflink/setup.sh ...", flush=True)
+            pyflink_python, pyflink_status = setup_pyflink()
+            print(f"PyFlink: {pyflink_status}", flush=True)
+        sitting_id = max((r["sitting"] for r in records if isinstance(r.get("sitting"), int) and "env" in r),
+                         default=-1) + 1
+        sitting = {"sitting": sitting_id, "env": environment(pyflink_python), "load_start": list(os.getloadavg()),
+                   "load_end": None, "argv": "python bench/run_all.py " + " ".join(sys.argv[1:]),
+                   "sections": sections, "pyflink": pyflink_status}
+        records.append(sitting)
+        write_raw(args.raw, records)
+
+        def record(section: str, got: list[dict[str, Any]]) -> None:
             for r in got:
-                print(f"round {run} {system:10s} {r['config']:8s} {r['events_per_s']:>12,.0f} events/s "
-                      f"(load {r.get('loadavg_1m_after', 0):.1f})", flush=True)
-            print(f"round {run} {system}: {time.monotonic() - started:.0f} s", flush=True)
-            with open(RUNS_JSONL, "w") as f:  # after every round, so a cut-short run keeps what it measured
-                f.writelines(json.dumps(r) + "\n" for r in results)
-    args.runs = len({r["run"] for r in results})
-    flink = _read_or(os.path.join(HERE, "flink_note.md"), "Not measured.")
+                r["section"], r["sitting"] = section, sitting_id
+            records.extend(got)
+            write_raw(args.raw, records)  # after every script, so a cut-short sitting keeps what it measured
+
+        def failed(section: str, system: str, run: int, err: Exception) -> None:
+            print(f"  FAILED: {err}", flush=True)
+            record(section, [{"system": system, "config": "-", "run": run, "failed": str(err)}])
+
+        for section in sections:
+            nruns = args.runs if args.runs is not None else (1 if section in ("w3", "latency") else 3)
+            first = max((r["run"] for r in records if r.get("section") == section and "run" in r), default=-1) + 1
+            started_section = time.monotonic()
+            for run in range(first, first + nruns):
+                if section in THROUGHPUT_SECTIONS:
+                    jobs = throughput_jobs(section, args, run, pyflink_python)
+                elif section == "w3":
+                    jobs = [("sparkpoint", w3_command(args, run))]
+                else:
+                    jobs = [("latency", latency_command(args))]
+                for system, cmd in jobs:
+                    started = time.monotonic()
+                    print(f"[{section}] round {run} {system}: {' '.join(os.path.relpath(c, REPO) if c.startswith('/') else c for c in cmd)}",
+                          flush=True)
+                    try:
+                        got = run_command(f"{os.path.basename(cmd[1])} ({section}, round {run})", cmd)
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:
+                        failed(section, system, run, e)
+                        continue
+                    for r in got:
+                        r["run"] = run if section == "latency" else r["run"]
+                        value = r.get("events_per_s") or r.get("latency_p50_ms") or r.get("ratio_uploaded_to_changed")
+                        print(f"  {r['system']:10s} {r['config']:14s} {_fmt(value):>12s} "
+                              f"(load {r.get('loadavg_1m_after') or 0:.1f})", flush=True)
+                    record(section, got)
+                    print(f"  {time.monotonic() - started:.0f} s", flush=True)
+            print(f"[{section}] {time.monotonic() - started_section:.0f} s in all", flush=True)
+        sitting["load_end"] = list(os.getloadavg())
+        write_raw(args.raw, records)
+
+    if not any(r.get("section") == "w1" for r in records):
+        legacy = read_raw(os.path.join(args.results_dir, "w1_runs.jsonl"))
+        records += [dict(r, section="w1", sitting=None) for r in legacy]
+    plots = draw_plots([r for r in records if "system" in r], args.plots_dir)
+    flink = _read_or(os.path.join(HERE, "flink_note.md"), "Not written.")
     observations = _read_or(os.path.join(HERE, "observations.md"), "")
-    write_results_md(env, args, results, (load_start, os.getloadavg()[0]),
-                     NOTES.format(flink=flink, observations=observations))
-    print(summary_table(results))
-    for label, a, b in ratios(results):
-        print(f"{label}: {_fmt(a)} (median of per-round ratios {_fmt(b)})")
+    write_results_md(results_md, args, records, plots, NOTES.format(flink=flink, observations=observations))
+    print(f"wrote {results_md} and {len(plots)} plot(s) under {args.plots_dir}")
+    results = [r for r in records if "system" in r]
+    for section in THROUGHPUT_SECTIONS:
+        if runs_of(results, section):
+            print(f"\n{section}\n" + throughput_table(results, section) + "\n" + throughput_ratios(results, section))
 
 
 if __name__ == "__main__":
