@@ -33,11 +33,14 @@ def main() -> None:
     w1 = W1(args.events, args.keys, args.epoch_records)
     spark = spark_session("bench-w1-profile")
     rows: list[dict[str, float]] = []
+    phases: list[dict] = []  # per subtask-epoch: where the task's time went (EpochTask.run's phase_ms)
     real_run_epoch = jobmaster_module.run_epoch
 
     def timed_run_epoch(*a, **kw):
         t0 = time.perf_counter()
         result = real_run_epoch(*a, **kw)
+        for info in result.infos.values():
+            phases.append({**info.get("phase_ms", {}), "kept": bool(info.get("state", {}).get("kept"))})
         rows.append({"epoch": a[-1], "run_epoch_s": time.perf_counter() - t0,
                      "subtask_max_s": max(result.subtask_ms.values(), default=0) / 1000,
                      "subtask_sum_s": sum(result.subtask_ms.values()) / 1000, "records": result.input_records})
@@ -91,6 +94,13 @@ def main() -> None:
             statistics.median(r.get("epoch_total_s", 0) for r in steady),
             statistics.median(r["run_epoch_s"] for r in steady),
             statistics.median(r["subtask_max_s"] for r in steady)))
+    steady_phases = phases[2 * 2:]  # after epoch 0 and 1 (start-up, first snapshot)
+    for kept in (True, False):
+        group = [p for p in steady_phases if p["kept"] == kept]
+        if group:
+            names = [k for k in group[0] if k != "kept"]
+            print(f"subtask phases, store {'kept open' if kept else 'opened'} ({len(group)} subtask-epochs), median ms: "
+                  + ", ".join(f"{n} {statistics.median(p.get(n, 0) for p in group):.0f}" for n in names))
     shutil.rmtree(root, ignore_errors=True)
     spark.stop()
 

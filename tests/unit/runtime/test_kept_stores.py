@@ -1,0 +1,116 @@
+"""Stores kept open between epochs in Spark's Python workers (kept_stores): another
+worker process gets the store by asking for it; a kept handle is never used on a
+directory that was replaced. Real processes and real RocksDB stores."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import shutil
+import time
+
+import pyarrow as pa
+import pytest
+
+from sparkpoint.runtime.executor import kept_stores
+from sparkpoint.state.store import SubtaskStateStore
+
+EMPTY = pa.table({})
+
+
+@pytest.fixture
+def in_task(monkeypatch):
+    monkeypatch.setattr(kept_stores, "_in_spark_task", lambda: True)
+
+
+def _keep_and_wait(db_dir: str, ready, done) -> None:
+    """A worker: commits epoch 0, keeps the store open, idles until told to stop."""
+    kept_stores._in_spark_task = lambda: True
+    store = SubtaskStateStore.open(db_dir)
+    kept_stores.opened(db_dir)
+    store.put(b"k", b"from-a")
+    store.commit_epoch(0, EMPTY)
+    kept_stores.keep(db_dir, store)
+    ready.set()
+    done.wait(60)
+
+
+def test_another_process_gets_a_kept_store_by_asking_for_it(tmp_path) -> None:
+    db_dir = str(tmp_path / "db")
+    ctx = mp.get_context("spawn")  # a forked child inherits RocksDB thread pools without their threads
+    ready, done = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_keep_and_wait, args=(db_dir, ready, done))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        assert not kept_stores._lock_free(db_dir), "the holder keeps RocksDB's lock while it idles"
+        started = time.monotonic()
+        kept_stores.release(db_dir, timeout_s=20)
+        assert time.monotonic() - started < 5
+        with SubtaskStateStore.open(db_dir, create=False) as store:
+            assert store.epoch() == 0 and store.get(b"k") == b"from-a"
+    finally:
+        done.set()
+        holder.join(30)
+
+
+def test_a_dead_holder_is_not_waited_for(tmp_path) -> None:
+    db_dir = str(tmp_path / "db")
+    ctx = mp.get_context("spawn")  # a forked child inherits RocksDB thread pools without their threads
+    ready, done = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_keep_and_wait, args=(db_dir, ready, done))
+    holder.start()
+    assert ready.wait(30)
+    holder.kill()
+    holder.join(30)
+    started = time.monotonic()
+    kept_stores.release(db_dir, timeout_s=20)
+    assert time.monotonic() - started < 1
+    with SubtaskStateStore.open(db_dir, create=False) as store:
+        assert store.get(b"k") == b"from-a", "the WAL of the killed holder is replayed"
+
+
+def test_a_kept_store_is_used_again_only_for_the_same_directory(tmp_path, in_task) -> None:
+    db_dir = str(tmp_path / "db")
+    store = SubtaskStateStore.open(db_dir)
+    kept_stores.opened(db_dir)
+    store.put(b"k", b"v1")
+    store.commit_epoch(0, EMPTY)
+    kept_stores.keep(db_dir, store)
+    again = kept_stores.take(db_dir)
+    assert again is store and again.get(b"k") == b"v1"
+    kept_stores.keep(db_dir, again)
+
+    # Replaced meanwhile by something else (another process, a person):
+    rebuild = mp.get_context("spawn").Process(target=_replace, args=(db_dir,))
+    rebuild.start()
+    rebuild.join(30)
+    assert rebuild.exitcode == 0
+    assert kept_stores.take(db_dir) is None, "the old handle points at deleted files"
+
+
+def _replace(db_dir: str) -> None:
+    shutil.rmtree(db_dir)
+    with SubtaskStateStore.open(db_dir) as other:
+        other.put(b"k", b"v2")
+        other.commit_epoch(5, EMPTY)
+
+
+def test_uncommitted_writes_are_not_kept(tmp_path, in_task) -> None:
+    db_dir = str(tmp_path / "db")
+    store = SubtaskStateStore.open(db_dir)
+    kept_stores.opened(db_dir)
+    store.put(b"k", b"half-done")
+    kept_stores.keep(db_dir, store)
+    again = kept_stores.take(db_dir)
+    assert again.get(b"k") is None and again.pending_writes == 0
+    kept_stores.close(db_dir, again)
+
+
+def test_outside_a_spark_task_nothing_is_kept(tmp_path) -> None:
+    db_dir = str(tmp_path / "db")
+    store = SubtaskStateStore.open(db_dir)
+    kept_stores.opened(db_dir)
+    kept_stores.keep(db_dir, store)
+    assert kept_stores.take(db_dir) is None
+    with SubtaskStateStore.open(db_dir, create=False):  # not locked: it was closed
+        pass
