@@ -130,6 +130,7 @@ def environment(pyflink_python: str | None) -> dict[str, Any]:
     with open("/proc/meminfo") as f:
         mem_kb = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
     flink = None
+    pyflink_python = pyflink_python or (PYFLINK_VENV_PY if os.path.exists(PYFLINK_VENV_PY) else None)
     if pyflink_python:
         proc = subprocess.run([pyflink_python, "-c", "from importlib.metadata import version; "
                                "print(version('apache-flink'))"], capture_output=True, text=True)
@@ -555,7 +556,8 @@ def section_markdown(section: str, results: list[dict[str, Any]], args: argparse
             out.append(f"\n![latency]({os.path.basename(args.plots_dir)}/latency.png)")
     if failed:
         out.append("\n**Failed runs:**\n" + "\n".join(
-            f"- round {r.get('run')} {r.get('system')}: `{r['failed'].splitlines()[0][:300]}`" for r in failed))
+            f"- round {r.get('run')} {r.get('system')}: `{r['failed'].splitlines()[0][:200]}` … "
+            f"`{r['failed'].strip().splitlines()[-1][:300]}`" for r in failed))
     return "\n".join(out)
 
 
@@ -582,7 +584,7 @@ def write_results_md(path: str, args: argparse.Namespace, records: list[dict[str
             + (f"\n  PyFlink: {s['pyflink']}" if s.get("pyflink", "ok") != "ok" else ""))
     if any(r.get("sitting") is None for r in results):
         machine.append("- W1 runs from the older bench/w1_runs.jsonl (no sitting record: machine as at the time).")
-    loads = "\n".join(f"- {s}: {_load_range(runs_of(results, s))}" for s in present)
+    loads = "\n".join(f"  - {s}: {_load_range(runs_of(results, s))}" for s in present)
     cmd = "python bench/run_all.py " + " ".join(sys.argv[1:])
     sections_md = "\n\n".join(section_markdown(s, results, args, pyflink_status, plots) for s in SECTIONS)
     plot_dir = os.path.basename(args.plots_dir)
@@ -593,7 +595,7 @@ def write_results_md(path: str, args: argparse.Namespace, records: list[dict[str
                                                             else 9, r["system"], r.get("config", ""), r.get("run", 0))))
     text = f"""# Benchmark results
 
-Written by `{cmd}` (`make bench`; re-running overwrites this file; `--more --runs 0` re-renders it and
+Written by `{cmd}` (`make bench` runs it; re-running overwrites this file; `--more --runs 0` re-renders it and
 the plots from {os.path.basename(args.raw)}). Sections: {', '.join(present) or 'none'}.
 
 ## Machine and versions
@@ -719,7 +721,7 @@ def main() -> None:
                     jobs = [("latency", latency_command(args))]
                 for system, cmd in jobs:
                     started = time.monotonic()
-                    print(f"[{section}] round {run} {system}: {' '.join(os.path.relpath(c, REPO) if c.startswith('/') else c for c in cmd)}",
+                    print(f"[{section}] round {run} {system}: {' '.join(os.path.relpath(c, REPO) if c.startswith(REPO + os.sep) else c for c in cmd)}",
                           flush=True)
                     try:
                         got = run_command(f"{os.path.basename(cmd[1])} ({section}, round {run})", cmd)
