@@ -210,10 +210,15 @@ class TumblingWindow(StatefulOperator):
                      encode_state_keys(fresh, self.key_columns, KEY_GROUP_COL, _NS_WINDOW, WINDOW_START)]
         groups = fresh.column(KEY_GROUP_COL).to_pylist()
         tuples = plain_key_tuples(fresh, self.key_columns)
-        for g, uk, kt, end in zip(groups, user_keys, tuples, ends[idx].tolist()):
-            store.put(group_prefix(g, _NS_FIRE) + encode_timestamp(end) + uk,
-                      msgpack.packb(list(kt), use_bin_type=True))
-            store.put(group_prefix(g, _NS_CLEANUP) + encode_timestamp(end + self.allowed_lateness_ms) + uk, b"")
+        window_ends = ends[idx].tolist()
+        # An epoch's new windows share few key groups and few ends: encode each prefix once.
+        fire = {(g, end): group_prefix(g, _NS_FIRE) + encode_timestamp(end) for g, end in set(zip(groups, window_ends))}
+        cleanup = {(g, end): group_prefix(g, _NS_CLEANUP) + encode_timestamp(end + self.allowed_lateness_ms)
+                   for g, end in fire}
+        pairs = list(zip(groups, window_ends))
+        store.put_many([fire[p] + uk for p, uk in zip(pairs, user_keys)],
+                       [msgpack.packb(list(kt), use_bin_type=True) for kt in tuples])
+        store.put_many([cleanup[p] + uk for p, uk in zip(pairs, user_keys)], [b""] * len(pairs))
 
     def _fire(self, store, groups: range, watermark: int | None) -> pa.Table:
         """Emit (once) every unfired window with end <= watermark (all when None)."""
