@@ -31,11 +31,14 @@ class Events:
     per_epoch: int = 4_000
     splits: int = 2
     disorder_ms: int = 1_000
+    # Paces the input, so a run spans a number of checkpoint intervals however fast
+    # the machine runs epochs (the output does not depend on epoch sizes).
+    rate_per_s: float | None = None
 
     def source(self) -> GeneratorSource:
         return GeneratorSource("events", keys=self.keys, total_events=self.total,
                                max_records_per_epoch=self.per_epoch, splits=self.splits,
-                               disorder_ms=self.disorder_ms)
+                               disorder_ms=self.disorder_ms, rate_per_s=self.rate_per_s)
 
     def pipeline(self, name: str, out: Path) -> Pipeline:
         return (Pipeline(name).source(self.source())
