@@ -602,8 +602,9 @@ the plots from {os.path.basename(args.raw)}). Sections: {', '.join(present) or '
 {chr(10).join(machine) or '- (no sitting recorded)'}
 - load average (1 min) after each run, per section (range, median):
 {loads}
-- The machine is shared with other work (test suites and Spark jobs of other helpers) running at the
-  same time: absolute numbers drift a lot, ratios measured side by side in one round hold better.
+- What else ran on the machine during a sitting is written in the hand-written observations below;
+  absolute numbers drift from run to run on this 2-core machine, ratios measured side by side in one
+  round hold better.
 
 ## Plots
 {links}
@@ -634,7 +635,7 @@ side). The W1 sparkpoint and Spark SS scripts do not measure memory: "not measur
 
 NOTES = """{observations}
 
-## Flink (PyFlink), earlier hand measurement
+## Flink (PyFlink)
 {flink}"""
 
 
