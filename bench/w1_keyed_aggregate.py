@@ -26,6 +26,7 @@ from sparkpoint.connectors.parquet_sink import ParquetSink
 from sparkpoint.runtime.jobmaster import JobMaster
 
 from w1_workload import W1, spark_session, workload_arguments
+from w2_workload import PeakRss
 
 
 class MeasuredJobMaster(JobMaster):
@@ -105,10 +106,14 @@ def main() -> None:
     if args.warmup_events:
         run_once(spark, W1(args.warmup_events, args.keys, args.epoch_records), "on", args.work, -1)
     modes = args.modes.split(",")
+    # Peak memory of this process tree (driver, JVM, Python workers) as PSS, like W2's.
+    rss = PeakRss()
     for run in range(args.first_run, args.first_run + args.runs):
         # Alternate the order run by run so drift in the machine's load hits every mode alike.
         for mode in (modes if run % 2 == 0 else modes[::-1]):
+            rss.reset()
             result = run_once(spark, w1, mode, args.work, run)
+            result["peak_rss_mb"], result["peak_rss_by_process"] = rss.peak_mb, rss.breakdown
             result["loadavg_1m_after"] = os.getloadavg()[0]
             print("RESULT " + json.dumps(result), flush=True)
     spark.stop()

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from w1_workload import W1, ensure_parquet_events, spark_session, workload_arguments
+from w2_workload import PeakRss
 
 PROVIDERS = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -113,10 +114,14 @@ def main() -> None:
         warm = W1(args.warmup_events, args.keys, args.epoch_records)
         run_once(spark, warm, ensure_parquet_events(spark, warm, data), "hdfs", args.work, -1)
     stores = args.stores.split(",")
+    # Peak memory of this process tree (driver, JVM, Python workers) as PSS, like W2's.
+    rss = PeakRss()
     for run in range(args.first_run, args.first_run + args.runs):
         # Alternate the order run by run so drift in the machine's load hits every store alike.
         for store in (stores if run % 2 == 0 else stores[::-1]):
+            rss.reset()
             result = run_once(spark, w1, files, store, args.work, run)
+            result["peak_rss_mb"], result["peak_rss_by_process"] = rss.peak_mb, rss.breakdown
             result["loadavg_1m_after"] = os.getloadavg()[0]
             print("RESULT " + json.dumps(result), flush=True)
     spark.stop()
