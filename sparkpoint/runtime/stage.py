@@ -72,13 +72,17 @@ def _pre_aggregate_counting(op, df, event_time_column: str | None, epoch: int):
     pre-aggregation does not take the carried columns."""
     from pyspark.sql import functions as F
 
-    ts = (event_time.spark_ms(df, event_time_column, f".watermark({event_time_column!r}, ...)")
-          if event_time_column else F.lit(None).cast("bigint"))
-    carry = (F.count(F.lit(1)).alias(INPUT_COUNT_COL), F.max(ts).alias(MAX_EVENT_TIME_COL))
+    # Without event time there is no max to carry (the subtasks report None).
+    carry = [F.count(F.lit(1)).alias(INPUT_COUNT_COL)]
+    per_row = {INPUT_COUNT_COL: F.lit(1).cast("bigint")}
+    if event_time_column:
+        ts = event_time.spark_ms(df, event_time_column, f".watermark({event_time_column!r}, ...)")
+        carry.append(F.max(ts).alias(MAX_EVENT_TIME_COL))
+        per_row[MAX_EVENT_TIME_COL] = ts
     if "carry" in inspect.signature(op.pre_aggregate).parameters:
-        pre = op.pre_aggregate(df, carry)
+        pre = op.pre_aggregate(df, tuple(carry))
         if pre is df:  # no aggregation: every row is one input row
-            return df.withColumns({INPUT_COUNT_COL: F.lit(1).cast("bigint"), MAX_EVENT_TIME_COL: ts}), None
+            return df.withColumns(per_row), None
         if INPUT_COUNT_COL in pre.columns:
             return pre, None
     observed, obs = _observe(df, event_time_column, epoch)
@@ -127,15 +131,14 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     keys = [F.col(c) for c in op.key_columns]
     pre, obs = _pre_aggregate_counting(op, df, event_time_column, epoch)
     kg = F.pmod(F.xxhash64(*keys), F.lit(task.max_parallelism)).cast("int")
-    pre = (pre.withColumn(KEY_GROUP_COL, kg)
-              .withColumn(SUBTASK_COL, F.floor(F.col(KEY_GROUP_COL) * task.parallelism / task.max_parallelism)
-                          .cast("int")))
+    pre = pre.withColumn(KEY_GROUP_COL, kg)
+    subtask = F.floor(F.col(KEY_GROUP_COL) * task.parallelism / task.max_parallelism).cast("int")
     # Partition i of the shuffle holds exactly subtask i's rows, and a task runs for every
     # partition, empty or not: every subtask runs every epoch (its state version advances
     # in lockstep and it takes its part of every barrier) without marker rows, a union
     # or a sort by group, which cost more than the state work on small epochs.
     tags = _partition_tags(spark, task.parallelism)
-    tag = F.element_at(F.array(*[F.lit(t) for t in tags]), F.col(SUBTASK_COL) + 1)
+    tag = F.element_at(F.array(*[F.lit(t) for t in tags]), subtask + 1)
     rows = pre.repartition(task.parallelism, tag)
     in_schema = to_arrow_schema(rows.schema, timezone=_session_time_zone(spark))
     schema = output_schema_with_meta(op.output_schema)

@@ -39,6 +39,7 @@ _OUTPUT_KEY = meta_key("last_output")
 # the committed epoch's change-log entry (returned again when Spark re-runs the task).
 _LINEAGE_KEY = meta_key("lineage")
 _DELETED = None  # overlay tombstone
+_UNKNOWN = object()  # not in the read cache
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,12 @@ class StoreOptions:
     # covers a host/kernel crash, for one fsync per subtask per epoch, which is small
     # next to an epoch's Spark job.
     sync_commit: bool = True
+    # Committed values this process has read or written, answered without RocksDB: an
+    # open store is only ever written by its own process (RocksDB's LOCK), so they stay
+    # true until it closes. W1 reads and rewrites the same ~50k keys per subtask every
+    # epoch; RocksDB point gets were ~40% of its state work. Cleared when full
+    # (~150 bytes per entry: 1M entries is ~150 MB at most).
+    read_cache_entries: int = 1_000_000
 
     def to_rocksdict(self) -> rocksdict.Options:
         opts = rocksdict.Options(raw_mode=True)
@@ -69,6 +76,13 @@ class StoreOptions:
             "zstd": rocksdict.DBCompressionType.zstd(),
             "none": rocksdict.DBCompressionType.none(),
         }[self.compression])
+        # Every epoch rewrites most of the keys it read, with values of the same width:
+        # updating them in place keeps one memtable entry per key instead of one per
+        # epoch, so writes and reads stay fast as the memtable fills (measured for 50k
+        # keys: 43 instead of 62 ms per epoch's write) and a flush writes less. It needs
+        # single-threaded memtable writes, which one store per task has anyway.
+        opts.set_allow_concurrent_memtable_write(False)
+        opts.set_inplace_update_support(True)
         table = rocksdict.BlockBasedOptions()
         table.set_bloom_filter(self.bloom_bits_per_key, False)
         opts.set_block_based_table_factory(table)
@@ -152,6 +166,7 @@ class SubtaskStateStore:
         self._db = db
         self._options = options
         self._overlay = _Overlay()
+        self._cache: dict[bytes, bytes | None] = {}
         self._epoch = _read_epoch(db)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -239,8 +254,16 @@ class SubtaskStateStore:
         if lineage is not None:
             batch.put(_LINEAGE_KEY, json.dumps(lineage, sort_keys=True).encode())
         self._db.write(batch, self._options.write_options())
+        self._remember(self._overlay.writes)
         self._overlay = _Overlay()
         self._epoch = epoch
+
+    def _remember(self, committed: dict[bytes, bytes | None]) -> None:
+        if len(self._cache) + len(committed) > self._options.read_cache_entries:
+            self._cache.clear()
+            if len(committed) > self._options.read_cache_entries:
+                return
+        self._cache.update(committed)
 
     def discard_pending(self) -> None:
         """Forget this epoch's uncommitted writes (state stays at `epoch()`)."""
@@ -261,7 +284,11 @@ class SubtaskStateStore:
     def get(self, key: bytes) -> bytes | None:
         if key in self._overlay.writes:
             return self._overlay.writes[key]
-        return self._db.get(key)
+        value = self._cache.get(key, _UNKNOWN)
+        if value is _UNKNOWN:
+            value = self._db.get(key)
+            self._remember({key: value})
+        return value
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Values for `keys` in order (None where absent)."""
@@ -270,7 +297,13 @@ class SubtaskStateStore:
         # Point gets through map() measured 2.5x faster than rocksdict's list multi-get
         # (0.28 s vs 0.72 s for 300k keys, memtable or SST): its per-call overhead is
         # lower than the multi-get's key/value vector marshalling.
-        values = list(map(self._db.get, keys))
+        values = list(map(self._cache.get, keys, itertools.repeat(_UNKNOWN, len(keys))))
+        misses = [i for i, v in enumerate(values) if v is _UNKNOWN]
+        if misses:
+            fetched = list(map(self._db.get, [keys[i] for i in misses]))
+            for i, value in zip(misses, fetched):
+                values[i] = value
+            self._remember(dict(zip([keys[i] for i in misses], fetched)))
         writes = self._overlay.writes
         if writes:
             for i, key in enumerate(keys):

@@ -24,9 +24,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpoint.state.changelog import Lineage
+from sparkpoint.state.keys import key_group_range
 from sparkpoint.state.interfaces import (
     CARRIED_COLS,
     INPUT_COUNT_COL,
+    KEY_GROUP_COL,
     MARKER_COL,
     MAX_EVENT_TIME_COL,
     SUBTASK_COL,
@@ -110,19 +112,30 @@ class EpochTask:
             table = table.filter(pc.invert(pc.fill_null(table.column(MARKER_COL), False)))
         return self.run(subtask, table)
 
+    def _rows_are_mine(self, subtask: int, table: pa.Table) -> bool:
+        if KEY_GROUP_COL in table.column_names:
+            # The epoch's rows carry their key group, not their subtask (one column less
+            # through the shuffle): every key group must be in this subtask's range.
+            groups = key_group_range(subtask, self.parallelism, self.max_parallelism)
+            lo_hi = pc.min_max(table.column(KEY_GROUP_COL))
+            return groups.start <= lo_hi["min"].as_py() and lo_hi["max"].as_py() < groups.stop
+        return pc.all(pc.equal(table.column(SUBTASK_COL), subtask)).as_py()
+
     def run(self, subtask: int, table: pa.Table) -> pa.Table:
         """Subtask `subtask`'s epoch over `table`, its rows (key groups and subtask id
         attached); the output rows plus one meta row."""
         from sparkpoint.runtime.executor.state import SubtaskState
 
         started = time.perf_counter()
-        if table.num_rows and not pc.all(pc.equal(table.column(SUBTASK_COL), subtask)).as_py():
+        if table.num_rows and not self._rows_are_mine(subtask, table):
             raise RuntimeError(f"the rows handed to subtask {subtask} belong to other subtasks "
                                "(Spark partitioned the epoch differently than the runtime asked)")
         info: dict[str, Any] = where_am_i()
         if INPUT_COUNT_COL in table.column_names:  # carried through the pre-aggregation
             info["input"] = int(pc.sum(table.column(INPUT_COUNT_COL)).as_py() or 0)
-            info["max_ts"] = pc.max(table.column(MAX_EVENT_TIME_COL)).as_py()
+            # Carried only for jobs with event time.
+            has_ts = MAX_EVENT_TIME_COL in table.column_names
+            info["max_ts"] = pc.max(table.column(MAX_EVENT_TIME_COL)).as_py() if has_ts else None
         rows = table.drop_columns([c for c in (SUBTASK_COL, MARKER_COL, *CARRIED_COLS) if c in table.column_names])
         ctx = EpochContext(self.epoch, subtask, self.parallelism, self.max_parallelism, self.watermark_ms,
                            self.processing_time_ms, self.final, self.checkpoint_id)

@@ -191,3 +191,48 @@ def test_scans_interleaved_with_writes_match_a_sorted_dict(tmp_path: Path) -> No
                 start, stop = bytes([lo]), (bytes([lo + rng.randrange(1, 3)]) if rng.random() < 0.8 else None)
                 want = sorted((k, v) for k, v in expected.items() if k >= start and (stop is None or k < stop))
                 assert list(store.scan_range(start, stop)) == want, step
+
+
+@pytest.mark.parametrize("cache_entries", [0, 16, 1_000_000])
+def test_point_reads_through_the_read_cache_match_a_model_across_commits_and_discards(
+        tmp_path: Path, cache_entries: int) -> None:
+    """The read cache answers committed values without RocksDB: after commits, deletes,
+    discarded epochs, a cache cleared because it filled up and a reopen, every get and
+    get_many still returns exactly what was committed (plus the epoch's own writes)."""
+    import dataclasses
+    import random
+
+    from sparkpoint.state.store import StoreOptions
+
+    rng = random.Random(11)
+    options = dataclasses.replace(StoreOptions(), read_cache_entries=cache_entries)
+    path = str(tmp_path / "s")
+    committed: dict[bytes, bytes] = {}
+    universe = [b"\x00\x01" + bytes([i]) for i in range(64)]
+    store = SubtaskStateStore.open(path, options=options)
+    try:
+        for epoch in range(40):
+            pending = dict(committed)
+            for step in range(rng.randrange(1, 30)):
+                key = rng.choice(universe)
+                if rng.random() < 0.7:
+                    value = b"e%d-%d" % (epoch, step)
+                    store.put(key, value)
+                    pending[key] = value
+                else:
+                    store.delete(key)
+                    pending.pop(key, None)
+                probe = rng.sample(universe, 8)
+                assert store.get_many(probe) == [pending.get(k) for k in probe], (epoch, step)
+                assert store.get(probe[0]) == pending.get(probe[0])
+            if rng.random() < 0.25:
+                store.discard_pending()  # the epoch failed: its writes never happened
+            else:
+                store.commit_epoch(epoch, out(epoch))
+                committed = pending
+            assert store.get_many(universe) == [committed.get(k) for k in universe], epoch
+            if epoch % 13 == 12:  # another task opens it: nothing read before may linger
+                store.close()
+                store = SubtaskStateStore.open(path, options=options)
+    finally:
+        store.close()
