@@ -221,8 +221,8 @@ def _met(value: float | None, target: float, at_least: bool) -> str:
 def throughput_table(results: list[dict[str, Any]], section: str) -> str:
     rows = ["| system | config | events/s after start-up (median) | runs (events/s) | epoch / batch s (median) "
             "| checkpoint p50 / p99 ms (median) | state commit ms (median) | bytes per checkpoint (median) "
-            "| load (1 min) after each run |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| CPU µs per event (median) | load (1 min) after each run |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for system, config in CONFIGS:
         runs = sorted(runs_of(results, section, system, config), key=lambda r: r["run"])
         if not runs:
@@ -242,7 +242,7 @@ def throughput_table(results: list[dict[str, Any]], section: str) -> str:
             commit = "–"
             size = _fmt(m("ckpt_bytes_median"), " B") if ckpt_on else "–"
         rows.append(f"| {system} | {config} | {_fmt(m('events_per_s'))} | {per_run} | {_fmt(epoch)} | {ckpt} "
-                    f"| {commit} | {size} | {loads} |")
+                    f"| {commit} | {size} | {_fmt(m('cpu_us_per_event'))} | {loads} |")
     return "\n".join(rows)
 
 

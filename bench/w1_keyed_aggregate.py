@@ -26,7 +26,7 @@ from sparkpoint.connectors.parquet_sink import ParquetSink
 from sparkpoint.runtime.jobmaster import JobMaster
 
 from w1_workload import W1, spark_session, workload_arguments
-from w2_workload import PeakRss
+from w2_workload import PeakRss, tree_cpu_s
 
 
 class MeasuredJobMaster(JobMaster):
@@ -73,9 +73,9 @@ def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
         "sparkpoint.progress": False,
     })
     job = MeasuredJobMaster(pipeline, settings, spark=spark)
-    started = time.monotonic()
+    started, cpu0 = time.monotonic(), tree_cpu_s()
     result = job.run()
-    wall = time.monotonic() - started
+    wall, cpu = time.monotonic() - started, tree_cpu_s() - cpu0
     (t0, _, r0), (t1, _, r1) = job.epoch_ends[0], job.epoch_ends[-1]
     epoch_s = [b[0] - a[0] for a, b in zip(job.epoch_ends, job.epoch_ends[1:])]
     sizes = [b for _, b in job.checkpoints]
@@ -85,6 +85,8 @@ def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
         "keys": w1.keys, "epoch_records": w1.epoch_records, "epochs_with_data": len(job.epoch_ends),
         "events_per_s": (r1 - r0) / (t1 - t0),
         "wall_s": wall, "events_per_s_incl_startup": result.records / wall,
+        # CPU of the process tree (driver, JVM, Python workers) over the whole run.
+        "cpu_s": cpu, "cpu_us_per_event": 1e6 * cpu / max(1, result.records),
         "epoch_s_median": statistics.median(epoch_s) if epoch_s else None,
         "checkpoints_completed": len(job.checkpoints), "checkpoints_failed": int(stats.get("failed", 0)),
         "ckpt_failures_by_reason": stats.get("failures_by_reason", {}),

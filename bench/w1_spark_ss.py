@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from w1_workload import W1, ensure_parquet_events, spark_session, workload_arguments
-from w2_workload import PeakRss
+from w2_workload import PeakRss, tree_cpu_s
 
 PROVIDERS = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -66,7 +66,7 @@ def run_once(spark, w1: W1, files: str, store: str, work: str, run: int, timeout
     events = (spark.readStream.schema("key BIGINT, value BIGINT, ts BIGINT")
               .option("maxFilesPerTrigger", 1).parquet(files))
     agg = events.groupBy("key").agg(F.count(F.lit(1)).alias("count"), F.sum("value").alias("sum"))
-    started = time.monotonic()
+    started, cpu0 = time.monotonic(), tree_cpu_s()
     q = (agg.writeStream.outputMode("update").trigger(processingTime=TRIGGER)
          .option("checkpointLocation", os.path.join(root, "checkpoint"))
          .foreachBatch(write_batch).start())
@@ -80,7 +80,7 @@ def run_once(spark, w1: W1, files: str, store: str, work: str, run: int, timeout
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"Spark SS ({store}) did not read {w1.events} events in {timeout_s} s")
             time.sleep(0.2)
-        wall = time.monotonic() - started
+        wall, cpu = time.monotonic() - started, tree_cpu_s() - cpu0
     finally:
         q.stop()
     batches.sort(key=lambda p: p["batchId"])
@@ -97,6 +97,7 @@ def run_once(spark, w1: W1, files: str, store: str, work: str, run: int, timeout
         "state_commit_ms_max": max(commit_ms) if commit_ms else None,
         "state_dir_bytes_end": _dir_bytes(os.path.join(root, "checkpoint", "state")),
         "wall_s": wall, "events_per_s_incl_startup": w1.events / wall,
+        "cpu_s": cpu, "cpu_us_per_event": 1e6 * cpu / w1.events,
     }
     shutil.rmtree(root, ignore_errors=True)
     return out

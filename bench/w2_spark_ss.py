@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from w2_workload import (DELAY_MS, W2, WINDOW_MS, PeakRss, ensure_parquet_events, expected_output_rows, from_args,
+from w2_workload import (DELAY_MS, W2, WINDOW_MS, PeakRss, tree_cpu_s, ensure_parquet_events, expected_output_rows, from_args,
                          spark_session, workload_arguments)
 
 PROVIDERS = {
@@ -85,7 +85,7 @@ def run_once(spark, w2: W2, files: str, store: str, work: str, run: int, rss: Pe
                 .select("key", F.col("window.start").alias("window_start"),
                         F.col("window.end").alias("window_end"), "count"))
     rss.reset()
-    started = time.monotonic()
+    started, cpu0 = time.monotonic(), tree_cpu_s()
     q = (windowed.writeStream.outputMode("append").trigger(processingTime=TRIGGER)
          .option("checkpointLocation", os.path.join(root, "checkpoint"))
          .foreachBatch(write_batch).start())
@@ -97,7 +97,7 @@ def run_once(spark, w2: W2, files: str, store: str, work: str, run: int, rss: Pe
                 raise TimeoutError(f"Spark SS W2 ({store}) emitted {sum(r for _, _, r in emitted)} of "
                                    f"{expected['output_rows']} rows in {timeout_s} s")
             time.sleep(0.2)
-        wall = time.monotonic() - started
+        wall, cpu = time.monotonic() - started, tree_cpu_s() - cpu0
         time.sleep(0.5)  # let the progress of the last batch be posted
         progress = _progress(q)
     finally:
@@ -132,6 +132,7 @@ def run_once(spark, w2: W2, files: str, store: str, work: str, run: int, rss: Pe
         "state_dir_bytes_end": _dir_bytes(os.path.join(root, "checkpoint", "state")),
         "wall_s": wall, "events_per_s_incl_startup": (rows_total - 1) / wall,
         "peak_rss_mb": peak, "peak_rss_by_process": rss.breakdown,
+        "cpu_s": cpu, "cpu_us_per_event": 1e6 * cpu / max(1, rows_total),
     }
     shutil.rmtree(root, ignore_errors=True)
     return out

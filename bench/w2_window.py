@@ -31,7 +31,7 @@ from sparkpoint.config import Settings
 from sparkpoint.connectors.parquet_sink import ParquetSink, read_committed
 from sparkpoint.runtime.jobmaster import JobMaster
 
-from w2_workload import (DELAY_MS, W2, WINDOW_MS, PeakRss, expected_output_rows, from_args, spark_session,
+from w2_workload import (DELAY_MS, W2, WINDOW_MS, PeakRss, tree_cpu_s, expected_output_rows, from_args, spark_session,
                          workload_arguments)
 
 
@@ -85,9 +85,9 @@ def run_once(spark, w2: W2, mode: str, work: str, run: int, rss: PeakRss) -> dic
     })
     job = MeasuredJobMaster(pipeline, settings, spark=spark)
     rss.reset()
-    started = time.monotonic()
+    started, cpu0 = time.monotonic(), tree_cpu_s()
     result = job.run()
-    wall = time.monotonic() - started
+    wall, cpu = time.monotonic() - started, tree_cpu_s() - cpu0
     peak = rss.peak_mb
     output_rows = read_committed(out_dir).num_rows
     if output_rows != expected["output_rows"]:
@@ -114,6 +114,7 @@ def run_once(spark, w2: W2, mode: str, work: str, run: int, rss: PeakRss) -> dic
         "ckpt_bytes_max": max(sizes) if sizes else None,
         "late_dropped": job.late_dropped,
         "peak_rss_mb": peak, "peak_rss_by_process": rss.breakdown,
+        "cpu_s": cpu, "cpu_us_per_event": 1e6 * cpu / max(1, result.records),
         "status": result.status.value,
     }
     shutil.rmtree(root, ignore_errors=True)

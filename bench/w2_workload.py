@@ -206,6 +206,25 @@ def tree_rss(root_pid: int | None = None) -> tuple[int, dict[str, list]]:
     return total, by_name
 
 
+def tree_cpu_s(root_pid: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by `root_pid` (default: this process) and
+    its descendants, including descendants already reaped (their time is in their
+    parent's cutime/cstime). Both cores are busy while a W1/W2 run runs, so throughput is
+    CPU-bound: the difference over a run, per event, says how much each system spends."""
+    tree = _children()
+    todo, total = [root_pid or os.getpid()], 0
+    while todo:
+        pid = todo.pop()
+        todo.extend(tree.get(pid, ()))
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def tree_rss_bytes(root_pid: int | None = None) -> int:
     return tree_rss(root_pid)[0]
 

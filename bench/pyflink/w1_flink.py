@@ -109,6 +109,30 @@ def tree_rss_bytes(root: int) -> int:
     return total
 
 
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds used so far by `root` and its descendants (the mini-cluster's JVM),
+    reaped ones included (a copy of bench/w2_workload.py's: this runs in its own venv)."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+        stats[int(name)] = fields
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        if pid in stats:
+            total += sum(int(x) for x in stats[pid][11:15])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 class RssSampler(threading.Thread):
     def __init__(self, interval: float = 0.2) -> None:
         super().__init__(daemon=True)
@@ -330,13 +354,13 @@ def run_once(workload: str, config: str, events: int, keys: int, work: str, run:
     offsets = log_offsets(log_dir)
     sampler = RssSampler()
     sampler.start()
-    started = time.monotonic()
+    started, cpu0 = time.monotonic(), tree_cpu_s(os.getpid())
     result = t_env.execute_sql(insert)
     job_client = result.get_job_client()
     job_id = str(job_client.get_job_id())
     polled = poll_job(port, job_id, job_client)
     job_client.get_job_execution_result().result()
-    wall = time.monotonic() - started
+    wall, cpu = time.monotonic() - started, tree_cpu_s(os.getpid()) - cpu0
     peak = sampler.stop()
     time.sleep(0.3)  # let the log flush the job's last lines
     log = parse_job_log(read_log(log_dir, offsets), job_id)
@@ -360,6 +384,8 @@ def run_once(workload: str, config: str, events: int, keys: int, work: str, run:
         "events": events, "keys": keys,
         "events_per_s": events / run_s,
         "wall_s": wall, "events_per_s_incl_startup": events / wall,
+        # CPU of the process tree (Python, the mini-cluster JVM) over the whole job, start-up included.
+        "cpu_s": cpu, "cpu_us_per_event": 1e6 * cpu / events,
         "run_s": run_s, "sources_finished_s": sources_done,
         "startup_s": log["all_running"] - (log["job_running"] or log["all_running"]),
         "checkpoints_completed": len(durations) if ckpt else 0,

@@ -244,15 +244,19 @@ class TumblingWindow(StatefulOperator):
 
     def _clean_up(self, store, groups: range, watermark: int | None) -> None:
         """Delete windows whose end + lateness <= watermark (all when None)."""
+        doomed: list[bytes] = []
         for g in groups:
             prefix = group_prefix(g, _NS_CLEANUP)
+            window_prefix = group_prefix(g, _NS_WINDOW)
             stop = None if watermark is None else prefix + encode_timestamp(watermark + 1)
-            entries = list(store.scan_range(prefix, stop) if stop else store.scan_prefix(prefix))
-            for key, _ in entries:
+            for key, _ in list(store.scan_range(prefix, stop) if stop else store.scan_prefix(prefix)):
                 due = int.from_bytes(key[len(prefix):len(prefix) + 8], "big") - (1 << 63)
                 start = due - self.allowed_lateness_ms - self.size_ms
-                store.delete(group_prefix(g, _NS_WINDOW) + key[len(prefix) + 8:] + encode_timestamp(start))
-                store.delete(key)
+                doomed.append(window_prefix + key[len(prefix) + 8:] + encode_timestamp(start))
+                doomed.append(key)
+        # Deleted after all scans: a write between two scans makes the next scan merge
+        # (and sort) the epoch's writes again; the scans cover other keys than these.
+        store.delete_many(doomed)
 
     def _rows(self, keys: pa.Table, starts: np.ndarray, totals: np.ndarray) -> pa.Table:
         out = self.keys.cast_keys(keys)

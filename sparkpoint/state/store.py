@@ -52,12 +52,14 @@ class StoreOptions:
     max_background_jobs: int = 2
     compression: Literal["lz4", "zstd", "none"] = "lz4"
     bloom_bits_per_key: float = 10.0
-    # Why sync: commit_epoch returning is what lets the runtime report the epoch done
-    # and move sources forward. With the WAL on, a SIGKILL right after it returns loses
-    # nothing (the WAL is in the OS page cache and replayed on open); sync=True also
-    # covers a host/kernel crash, for one fsync per subtask per epoch, which is small
-    # next to an epoch's Spark job.
-    sync_commit: bool = True
+    # Why no fsync: with the WAL on, a SIGKILL right after commit_epoch returns loses
+    # nothing (the WAL is in the OS page cache and replayed on open). A host crash may
+    # lose the local store's last epochs, but the local store is a cache: each epoch's
+    # change log was fsynced to checkpoint storage before the commit, checkpoints
+    # reference only those, and a store found behind its lineage catches up from them
+    # (or is rebuilt from the checkpoint).
+    # The fsync cost ~30 ms per subtask per epoch on W1 (50k keys).
+    sync_commit: bool = False
     # Committed values this process has read or written, answered without RocksDB: an
     # open store is only ever written by its own process (RocksDB's LOCK), so they stay
     # true until it closes. W1 reads and rewrites the same ~50k keys per subtask every
@@ -83,6 +85,11 @@ class StoreOptions:
         # single-threaded memtable writes, which one store per task has anyway.
         opts.set_allow_concurrent_memtable_write(False)
         opts.set_inplace_update_support(True)
+        # A bloom filter over the memtable's keys: windows look up mostly keys that do not
+        # exist yet (new windows), and without it each such get searches the memtable's
+        # skiplist (measured: 6.6 instead of 1.5 us per absent key with ~360k entries).
+        opts.set_memtable_prefix_bloom_ratio(0.1)
+        opts.set_memtable_whole_key_filtering(True)
         table = rocksdict.BlockBasedOptions()
         table.set_bloom_filter(self.bloom_bits_per_key, False)
         opts.set_block_based_table_factory(table)
