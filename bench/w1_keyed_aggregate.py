@@ -2,7 +2,11 @@
 JobMaster, checkpoints OFF and every 1 s on the same data in the same process.
 
     python bench/w1_keyed_aggregate.py [--events 5000000] [--keys 100000]
-        [--epoch-records 500000] [--modes off,on] [--runs 1] [--work /tmp/sparkpoint-bench]
+        [--epoch-records 500000] [--modes off,on,on-parquet] [--runs 1] [--work /tmp/sparkpoint-bench]
+
+Modes: off / on read GeneratorSource (events computed by Spark: three xxhash64 per event);
+on-parquet reads the Parquet files the Spark SS peer reads, with FileSource, one file per
+epoch: the like-for-like comparison with Spark SS.
 
 Prints one JSON line per run (prefixed `RESULT `) with events/s after start-up
 (from the end of epoch 0 to the end of the last epoch with data: excludes Spark
@@ -22,10 +26,11 @@ from typing import Any
 from sparkpoint.api import KeyedAggregate
 from sparkpoint.api.pipeline import Pipeline
 from sparkpoint.config import Settings
+from sparkpoint.connectors.files import FileSource
 from sparkpoint.connectors.parquet_sink import ParquetSink
 from sparkpoint.runtime.jobmaster import JobMaster
 
-from w1_workload import W1, spark_session, workload_arguments
+from w1_workload import W1, ensure_parquet_events, spark_session, workload_arguments
 from w2_workload import PeakRss, tree_cpu_s
 
 
@@ -57,17 +62,26 @@ class MeasuredJobMaster(JobMaster):
 
 
 def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
+    """mode: off / on (checkpoints every 1 s), the events from GeneratorSource; on-parquet:
+    checkpoints on, the events read by FileSource from the Parquet files the Spark SS peer
+    reads (one file per epoch), so both pay the same to get their input."""
     name = f"w1-{mode}-{run}"
     root = os.path.join(work, name)
     shutil.rmtree(root, ignore_errors=True)
-    pipeline = (Pipeline(name).source(w1.source())
+    if mode == "on-parquet":
+        files = ensure_parquet_events(spark, w1, os.path.join(work, "data"))
+        source = FileSource(files, format="parquet", schema="key BIGINT, value BIGINT, ts BIGINT", name="events",
+                            max_files_per_epoch=1, bounded=True)
+    else:
+        source = w1.source()
+    pipeline = (Pipeline(name).source(source)
                 .stateful(KeyedAggregate("w1", ["key"], "value", aggs=("count", "sum"), value_type="bigint"))
                 .sink(ParquetSink(os.path.join(root, "output"))))
     settings = Settings.load(overrides={
         "pipeline.name": name,
         "parallelism.default": 2,
         "execution.checkpointing.dir": os.path.join(root, "checkpoints"),
-        "execution.checkpointing.enabled": mode == "on",
+        "execution.checkpointing.enabled": mode != "off",
         "execution.checkpointing.interval": "1 s",
         "state.local.dir": os.path.join(root, "state"),
         "sparkpoint.progress": False,
@@ -101,7 +115,7 @@ def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = workload_arguments(__doc__.splitlines()[0])
-    parser.add_argument("--modes", default="off,on")
+    parser.add_argument("--modes", default="off,on,on-parquet")
     args = parser.parse_args()
     w1 = W1(args.events, args.keys, args.epoch_records)
     spark = spark_session("bench-w1-sparkpoint")
