@@ -1,20 +1,23 @@
 """Run the benchmarks of issue 13 round by round and write bench/RESULTS.md with plots.
 
-    python bench/run_all.py [--only w1,w1-1m,w2,w3,latency] [--runs 3] [--events 5000000]
-        [--keys 100000] [--keys-1m 1000000] [--epoch-records 500000] [--more] [--results-dir bench]
+    python bench/run_all.py [--only w1,w1-1m,w1-e1m,w2,w3,latency] [--runs 3] [--events 5000000]
+        [--keys 100000] [--keys-1m 1000000] [--epoch-records 500000] [--big-epoch-records 1000000]
+        [--more] [--results-dir bench]
 
 Sections (default: all of them):
   w1       W1 keyed aggregate, N = --events, K = --keys (100 k): sparkpoint ckpt-off/ckpt-on
            (bench/w1_keyed_aggregate.py), Spark SS rocksdb/hdfs (bench/w1_spark_ss.py), PyFlink
            hashmap-ckpt/hashmap-off/rocksdb-ckpt (bench/pyflink/w1_flink.py --workload w1).
   w1-1m    the same at K = --keys-1m (1 M).
+  w1-e1m   W1 at K = --keys with epochs (and Spark SS batches) of --big-epoch-records (1 M) events
+           and 2 N events: the epoch size is sparkpoint's own knob (`max_records_per_epoch`).
   w2       W2 60 s tumbling window, same N and K: sparkpoint (bench/w2_window.py), Spark SS
            (bench/w2_spark_ss.py), PyFlink (--workload w2).
   w3       W3 large state (bench/w3_large_state.py, --w3-keys 10 M): one run by default.
   latency  end-to-end latency at a steady rate (bench/latency.py; sparkpoint and Spark SS, one
            fresh process each): one run by default.
 
-Each round of w1/w1-1m/w2 starts one fresh process per system (each pays its JVM start and runs a
+Each round of w1/w1-1m/w1-e1m/w2 starts one fresh process per system (each pays its JVM start and runs a
 discarded warm-up job), then every configuration of that system once; the order of the systems and
 of the configurations alternates round by round. The machine is shared: ratios within a round are
 the figures to trust. PyFlink runs in bench/.venv-pyflink (`bash bench/pyflink/setup.sh` is called
@@ -46,9 +49,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PYFLINK_SETUP = os.path.join(HERE, "pyflink", "setup.sh")
 PYFLINK_VENV_PY = os.path.join(HERE, ".venv-pyflink", "bin", "python")
-SECTIONS = ["w1", "w1-1m", "w2", "w3", "latency"]
-THROUGHPUT_SECTIONS = ["w1", "w1-1m", "w2"]
+SECTIONS = ["w1", "w1-1m", "w1-e1m", "w2", "w3", "latency"]
+THROUGHPUT_SECTIONS = ["w1", "w1-1m", "w1-e1m", "w2"]
 SECTION_TITLES = {"w1": "W1 keyed aggregate, K = 100 k", "w1-1m": "W1 keyed aggregate, K = 1 M",
+                  "w1-e1m": "W1 keyed aggregate, K = 100 k, epochs of 1 M events",
                   "w2": "W2 tumbling window (60 s)", "w3": "W3 large state", "latency": "End-to-end latency"}
 CONFIGS = [("sparkpoint", "ckpt-off"), ("sparkpoint", "ckpt-on"), ("sparkpoint", "ckpt-on-parquet"),
            ("spark-ss", "rocksdb"), ("spark-ss", "hdfs"),
@@ -72,8 +76,10 @@ def run_command(label: str, cmd: list[str], timeout: float | None = None) -> lis
     return results
 
 
-def _common(args: argparse.Namespace, keys: int, run: int) -> list[str]:
-    out = ["--events", str(args.events), "--keys", str(keys), "--epoch-records", str(args.epoch_records),
+def _common(args: argparse.Namespace, keys: int, run: int, section: str) -> list[str]:
+    big = section == "w1-e1m"
+    out = ["--events", str(2 * args.events if big else args.events), "--keys", str(keys),
+           "--epoch-records", str(args.big_epoch_records if big else args.epoch_records),
            "--runs", "1", "--first-run", str(run), "--work", args.work]
     if args.warmup_events is not None:
         out += ["--warmup-events", str(args.warmup_events)]
@@ -94,7 +100,9 @@ def throughput_jobs(section: str, args: argparse.Namespace, run: int,
     if pyflink_python:
         jobs.append(("pyflink", [pyflink_python, os.path.join(HERE, "pyflink", "w1_flink.py"), "--workload",
                                  "w2" if section == "w2" else "w1", "--configs", PYFLINK_CONFIGS]))
-    jobs = [(system, cmd + _common(args, keys, run)) for system, cmd in jobs]
+    if section == "w1-e1m":  # the generator and Parquet epochs are the same: no parquet-source run
+        jobs[0] = (jobs[0][0], jobs[0][1] + ["--modes", "off,on"])
+    jobs = [(system, cmd + _common(args, keys, run, section)) for system, cmd in jobs]
     return jobs if run % 2 == 0 else jobs[::-1]
 
 
@@ -161,6 +169,8 @@ def write_raw(path: str, records: list[dict[str, Any]]) -> None:
 
 
 def section_settings(section: str, args: argparse.Namespace) -> dict[str, Any]:
+    if section == "w1-e1m":
+        return {"events": 2 * args.events, "keys": args.keys, "epoch_records": args.big_epoch_records}
     if section in ("w1", "w1-1m", "w2"):
         return {"events": args.events, "keys": args.keys_1m if section == "w1-1m" else args.keys}
     if section == "w3":
@@ -231,7 +241,7 @@ def throughput_table(results: list[dict[str, Any]], section: str) -> str:
         m = lambda f: median_of(runs, f)  # noqa: E731
         per_run = ", ".join(f"{r['events_per_s']:,.0f}" for r in runs)
         loads = ", ".join(f"{r['loadavg_1m_after']:.1f}" for r in runs if r.get("loadavg_1m_after") is not None)
-        ckpt_on = config.endswith("-on") or config.endswith("-ckpt")
+        ckpt_on = config.startswith("ckpt-on") or config.endswith("-ckpt")
         if system == "spark-ss":
             epoch = (m("batch_ms_median") or 0) / 1000
             ckpt = "every batch (not reported)"
@@ -289,6 +299,8 @@ def throughput_ratios(results: list[dict[str, Any]], section: str) -> str:
     ]
     for label, num, den, target, at_least in specs:
         a, b = num(runs), den(runs)
+        if target is None and a is None:
+            continue  # a configuration this section does not run (ckpt-on-parquet is W1's)
         ratio = a / b if a and b else None
         per_round = _round_ratio(results, section, num, den)
         tgt = "–" if target is None else f"{'≥' if at_least else '≤'} {target}"
@@ -489,6 +501,12 @@ def w1_settings(events: int | None, keys: int, epoch_records: int | None) -> str
   aggs=("count", "sum"), value_type="bigint")`, checkpoint storage a local directory;
   `execution.checkpointing.enabled=false` (ckpt-off) or `execution.checkpointing.interval=1 s`
   (ckpt-on, other checkpoint settings default: max-concurrent 1, incremental uploads).
+  `ckpt-on` and `ckpt-off` read `GeneratorSource` (Spark computes each event: three `xxhash64`);
+  `ckpt-on-parquet` reads the Spark SS peer's Parquet files with `FileSource(format="parquet",
+  max_files_per_epoch=1)`: the same input path as Spark SS, for the like-for-like ratio.
+- CPU µs per event: CPU seconds (user + system) of the whole process tree (driver, JVM, Python
+  workers; PyFlink: Python and the mini-cluster JVM) over the run, start-up included, per event.
+  Every configuration keeps both cores busy, so this is what bounds its throughput.
 - Spark SS: `groupBy("key").agg(count, sum)`, `outputMode("update")`,
   `trigger(processingTime="100 milliseconds")` (shorter than a batch: the query never waits);
   state store `RocksDBStateStoreProvider` with
@@ -500,7 +518,8 @@ def w1_settings(events: int | None, keys: int, epoch_records: int | None) -> str
   with data, divided by that time (excludes Spark start-up and warm-up of batch 0, and sparkpoint's
   final empty epoch and final checkpoint; PyFlink: N / time from the last subtask RUNNING to the job
   FINISHED, from the JobManager log). Each round runs one fresh process per system with a
-  discarded 1 M-event warm-up job, then each configuration once, alternating the order.
+  discarded warm-up job first (`--warmup-events`, default 5 M: the JVMs still JIT-compile
+  after 1 M), then each configuration once, alternating the order.
 - Checkpoint p50/p99: sparkpoint's trigger-to-complete duration (`coordinator.stats`); bytes per
   checkpoint: uploaded bytes per completed checkpoint (incremental: only new SST files). Spark SS
   state commit: `stateOperators[0].commitTimeMs` per batch. PyFlink: `end_to_end_duration` and
@@ -659,6 +678,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000, help="K of w1, w2, latency")
     parser.add_argument("--keys-1m", type=int, default=1_000_000, help="K of w1-1m")
     parser.add_argument("--epoch-records", type=int, default=500_000)
+    parser.add_argument("--big-epoch-records", type=int, default=1_000_000, help="epoch size of w1-e1m")
     # Every system's JVM is still JIT-compiling after a 1 M-event warm-up (sparkpoint's run of 5 M
     # events: 4,300 compilations after 1 M of warm-up, 2,300 after 6 M, 1,600 after 11 M); a
     # streaming job runs long past that, so each script warms its JVM with 5 M events first.

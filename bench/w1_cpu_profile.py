@@ -107,11 +107,11 @@ def spark_stages(spark) -> list[dict]:
 def classify(stage: dict) -> str:
     reads, writes = stage.get("shuffleReadRecords", 0), stage.get("shuffleWriteRecords", 0)
     if not reads and writes:
-        return "1 source scan + partial aggregate (shuffle write)"
+        return "1 read the input, partial aggregate, shuffle write"
     if reads and writes:
-        return "2 final aggregate (shuffle read + write to subtasks)"
+        return "2 a second shuffle (read and write)"
     if reads and not writes:
-        return "3 subtasks: mapInArrow (Python) + collect"
+        return "3 shuffle read, final aggregate, state (sparkpoint: to the Python subtasks), output"
     return "other (no shuffle: sink commits, restores, probes)"
 
 
@@ -231,11 +231,11 @@ def main() -> None:
         c["records_in"] += s.get("inputRecords", 0) + s.get("shuffleReadRecords", 0)
     print("\nSpark stages of the measured run (task time summed over tasks; executor CPU is the JVM task "
           "thread's, not its Python worker's):")
-    print(f"  {'stage':<52} {'n':>3} {'task s':>7} {'JVM cpu s':>9} {'gc s':>5} {'shuf r MB':>9} {'shuf w MB':>9}")
+    print(f"  {'stage':<82} {'n':>3} {'task s':>7} {'JVM cpu s':>9} {'gc s':>5} {'shuf r MB':>9} {'shuf w MB':>9}")
     for kind in sorted(by):
         c = by[kind]
         report["stages"][kind] = dict(c)
-        print(f"  {kind:<52} {c['stages']:>3} {c['run_s']:>7.2f} {c['cpu_s']:>9.2f} {c['gc_s']:>5.2f} "
+        print(f"  {kind:<82} {c['stages']:>3} {c['run_s']:>7.2f} {c['cpu_s']:>9.2f} {c['gc_s']:>5.2f} "
               f"{c['shuffle_read_mb']:>9.1f} {c['shuffle_write_mb']:>9.1f}")
     spark.stop()
     if args.py_spy:
