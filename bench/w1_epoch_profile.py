@@ -1,4 +1,4 @@
-"""Where one sparkpoint W1 epoch's time goes: the Spark job (`run_epoch`, of which the
+"""Where one sparkpoint W1 (or, with --workload w2, W2) epoch's time goes: the Spark job (`run_epoch`, of which the
 subtasks' state apply inside the Python workers), the sink write, and the driver's
 snapshot start. Checkpoints every 1 s; one process; prints a per-epoch table.
 
@@ -14,12 +14,13 @@ import statistics
 import time
 
 import sparkpoint.runtime.jobmaster as jobmaster_module
-from sparkpoint.api import KeyedAggregate
+from sparkpoint.api import KeyedAggregate, TumblingWindow
 from sparkpoint.api.pipeline import Pipeline
 from sparkpoint.config import Settings
 from sparkpoint.connectors.parquet_sink import ParquetSink
 
 from w1_workload import W1, spark_session
+from w2_workload import DELAY_MS, W2, WINDOW_MS
 
 
 def main() -> None:
@@ -28,6 +29,8 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--epoch-records", type=int, default=500_000)
     parser.add_argument("--checkpoints", choices=["on", "off"], default="on")
+    parser.add_argument("--workload", choices=["w1", "w2"], default="w1",
+                        help="w2: the W2 pipeline (60 s tumbling windows, watermark 5 s) on the same epochs")
     parser.add_argument("--work", default="/tmp/sparkpoint-bench")
     args = parser.parse_args()
     w1 = W1(args.events, args.keys, args.epoch_records)
@@ -73,9 +76,16 @@ def main() -> None:
     jobmaster_module.run_epoch = timed_run_epoch
     root = os.path.join(args.work, "profile")
     shutil.rmtree(root, ignore_errors=True)
-    pipeline = (Pipeline("w1-profile").source(w1.source())
-                .stateful(KeyedAggregate("w1", ["key"], "value", aggs=("count", "sum"), value_type="bigint"))
-                .sink(ParquetSink(os.path.join(root, "output"))))
+    if args.workload == "w1":
+        pipeline = (Pipeline("w1-profile").source(w1.source())
+                    .stateful(KeyedAggregate("w1", ["key"], "value", aggs=("count", "sum"), value_type="bigint"))
+                    .sink(ParquetSink(os.path.join(root, "output"))))
+    else:
+        w2 = W2(args.events, args.keys, args.epoch_records)
+        pipeline = (Pipeline("w1-profile").source(w2.source())
+                    .watermark("ts", delay=f"{DELAY_MS // 1000} s")
+                    .stateful(TumblingWindow("w2", ["key"], "ts", size=f"{WINDOW_MS // 1000} s"))
+                    .sink(ParquetSink(os.path.join(root, "output"))))
     settings = Settings.load(overrides={
         "pipeline.name": "w1-profile", "execution.checkpointing.dir": os.path.join(root, "checkpoints"),
         "execution.checkpointing.enabled": args.checkpoints == "on", "execution.checkpointing.interval": "1 s",

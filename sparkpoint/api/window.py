@@ -8,7 +8,10 @@ Per epoch with watermark W (`ctx.watermark_ms`):
      that already fired and was updated in step 1 (late within lateness) is emitted
      again with its updated totals (Flink's late firing).
   3. clean up: a window's state is deleted once window_end + allowed_lateness <= W —
-     exactly when any further partial for it would be dropped.
+     exactly when any further partial for it would be dropped. A window due for
+     clean-up when it fires (always so without lateness, Flink's default) is deleted
+     by the fire step itself, and without lateness no clean-up timer is written: per
+     window that is 4 state writes instead of 7 (W2's epochs were bound by them).
 `ctx.final` fires and cleans up every window. Firing and clean-up are range scans over
 timer indexes keyed by time (per key group), never full scans.
 
@@ -38,8 +41,9 @@ from sparkpoint.api.aggregate import KeySchema, parse_value_type, require_key_gr
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.codec import FixedWidthCodec
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
-from sparkpoint.state.keys import (encode_state_keys, encode_timestamp, group_prefix, key_columns_from_plain,
-                                   key_group_range, namespace, plain_key_tuples)
+from sparkpoint.state.keys import (decode_fixed_user_keys, decodes_column_wise, encode_state_keys, encode_timestamp,
+                                   group_prefix, key_columns_from_plain, key_group_range, namespace,
+                                   plain_key_tuples)
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
@@ -48,6 +52,7 @@ _NS_WINDOW = namespace("win")
 _NS_FIRE = namespace("win-fire")
 _NS_CLEANUP = namespace("win-cleanup")
 _DROPPED_META = "dropped"
+_TO_END = 1 << 30  # binary_slice's stop for "to the end" (stop=None fails in pyarrow 21)
 
 
 def _duration_ms(value: Any, what: str) -> int:
@@ -197,50 +202,63 @@ class TumblingWindow(StatefulOperator):
             totals["sum"][idx] += old["sum"]
             totals["fired"][idx] = old["fired"]
         store.put_many(keys, self._codec.encode_many(totals))
-        self._index_new_windows(store, partials, ends, ~found)
+        self._index_new_windows(store, partials, keys, ends, ~found)
         refired = np.flatnonzero(totals["fired"] == 1)
         return self._rows(partials.select(self.key_columns).take(refired), starts[refired], totals[refired])
 
-    def _index_new_windows(self, store, partials: pa.Table, ends: np.ndarray, new: np.ndarray) -> None:
+    def _index_new_windows(self, store, partials: pa.Table, keys: list[bytes], ends: np.ndarray,
+                           new: np.ndarray) -> None:
         idx = np.flatnonzero(new)
         if not len(idx):
             return
-        fresh = partials.take(idx)
-        user_keys = [k[len(_NS_WINDOW) + 2:-8] for k in
-                     encode_state_keys(fresh, self.key_columns, KEY_GROUP_COL, _NS_WINDOW, WINDOW_START)]
-        groups = fresh.column(KEY_GROUP_COL).to_pylist()
-        tuples = plain_key_tuples(fresh, self.key_columns)
-        window_ends = ends[idx].tolist()
-        # An epoch's new windows share few key groups and few ends: encode each prefix once.
-        fire = {(g, end): group_prefix(g, _NS_FIRE) + encode_timestamp(end) for g, end in set(zip(groups, window_ends))}
-        cleanup = {(g, end): group_prefix(g, _NS_CLEANUP) + encode_timestamp(end + self.allowed_lateness_ms)
-                   for g, end in fire}
-        pairs = list(zip(groups, window_ends))
-        store.put_many([fire[p] + uk for p, uk in zip(pairs, user_keys)],
-                       [msgpack.packb(list(kt), use_bin_type=True) for kt in tuples])
-        store.put_many([cleanup[p] + uk for p, uk in zip(pairs, user_keys)], [b""] * len(pairs))
+        # <group><win><user key><start> -> <group><win-fire><end><user key> (and win-cleanup,
+        # at end + lateness), built column-wise: an epoch indexes ~100k new windows.
+        state_keys = pa.array([keys[i] for i in idx], pa.binary())
+        group = pc.binary_slice(state_keys, 0, 2)
+        user_key = pc.binary_slice(state_keys, 2 + len(_NS_WINDOW), -8)
+        if decodes_column_wise(self.keys.fields()):
+            values = [b""] * len(idx)  # the fire step reads the key values off the index key
+        else:
+            values = [msgpack.packb(list(kt), use_bin_type=True)
+                      for kt in plain_key_tuples(partials.take(idx), self.key_columns)]
+        store.put_many(_timer_keys(group, _NS_FIRE, ends[idx], user_key), values)
+        if self.allowed_lateness_ms:  # else the fire step deletes the window (see _fire)
+            store.put_many(_timer_keys(group, _NS_CLEANUP, ends[idx] + self.allowed_lateness_ms, user_key),
+                           [b""] * len(idx))
 
     def _fire(self, store, groups: range, watermark: int | None) -> pa.Table:
         """Emit (once) every unfired window with end <= watermark (all when None)."""
-        index_keys, state_keys, tuples, starts = [], [], [], []
+        found: list[tuple[bytes, bytes]] = []
         for g in groups:
             prefix = group_prefix(g, _NS_FIRE)
             stop = None if watermark is None else prefix + encode_timestamp(watermark + 1)
-            for key, value in list(store.scan_range(prefix, stop) if stop else store.scan_prefix(prefix)):
-                end = int.from_bytes(key[len(prefix):len(prefix) + 8], "big") - (1 << 63)
-                user_key = key[len(prefix) + 8:]
-                index_keys.append(key)
-                state_keys.append(group_prefix(g, _NS_WINDOW) + user_key + encode_timestamp(end - self.size_ms))
-                tuples.append(tuple(msgpack.unpackb(value, raw=False)))
-                starts.append(end - self.size_ms)
-        if not index_keys:
+            found.extend(store.scan_range(prefix, stop) if stop else store.scan_prefix(prefix))
+        if not found:
             return self.output_schema.empty_table()
+        index_keys = [k for k, _ in found]
+        fire_keys = pa.array(index_keys, pa.binary())
+        at = 2 + len(_NS_FIRE)
+        starts = _timestamps(pc.binary_slice(fire_keys, at, at + 8)) - self.size_ms
+        state_keys = _join_binary(pc.binary_slice(fire_keys, 0, 2), _NS_WINDOW, pc.binary_slice(fire_keys, at + 8, _TO_END),
+                                  _timestamp_bytes(starts))
+        columns = decode_fixed_user_keys(pc.binary_slice(fire_keys, at + 8, _TO_END), self.keys.fields())
+        if columns is None:  # string / binary / float keys: the index value holds them
+            columns = key_columns_from_plain([msgpack.unpackb(v, raw=False) for _, v in found], self.keys.fields())
         totals = self._codec.decode_many(store.get_many(state_keys)).copy()
-        totals["fired"] = 1
-        store.put_many(state_keys, self._codec.encode_many(totals))
         store.delete_many(index_keys)
-        keys = pa.table(key_columns_from_plain(tuples, self.keys.fields()), names=self.key_columns)
-        return self._rows(keys, np.asarray(starts, dtype=np.int64), totals)
+        # A window due for clean-up now (end + lateness <= watermark) can get no more
+        # rows: it is deleted instead of marked fired. Its clean-up timer, if it has one
+        # (written with lateness, or by an older version), is left to _clean_up, which
+        # deletes timer and (already deleted) window together.
+        due = (np.ones(len(starts), dtype=bool) if watermark is None
+               else starts + self.size_ms + self.allowed_lateness_ms <= watermark)
+        store.delete_many([state_keys[i] for i in np.flatnonzero(due)])
+        kept = np.flatnonzero(~due)
+        if len(kept):
+            marked = totals[kept].copy()
+            marked["fired"] = 1
+            store.put_many([state_keys[i] for i in kept], self._codec.encode_many(marked))
+        return self._rows(pa.table(columns, names=self.key_columns), starts, totals)
 
     def _clean_up(self, store, groups: range, watermark: int | None) -> None:
         """Delete windows whose end + lateness <= watermark (all when None)."""
@@ -266,3 +284,27 @@ class TumblingWindow(StatefulOperator):
         if "sum" in self.aggs:
             out = out.append_column("sum", pa.array(totals["sum"], type=self.value_type))
         return out
+
+
+# -- column-wise key building (keys.py's layout) ----------------------------------------
+def _timestamps(eight_bytes: pa.Array) -> np.ndarray:
+    """Decode `encode_timestamp` values, one 8-byte binary per row."""
+    fixed = eight_bytes.cast(pa.binary(8))
+    raw = np.frombuffer(fixed.buffers()[1], dtype=">u8", count=len(fixed), offset=fixed.offset * 8)
+    return (raw ^ np.uint64(1 << 63)).astype(np.int64)
+
+
+def _timestamp_bytes(ts: np.ndarray) -> pa.Array:
+    raw = (ts.astype(np.int64).view(np.uint64) ^ np.uint64(1 << 63)).astype(">u8").tobytes()
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), len(ts), [None, pa.py_buffer(raw)]).cast(pa.binary())
+
+
+def _join_binary(*parts: pa.Array | bytes) -> list[bytes]:
+    joined = pc.binary_join_element_wise(*[pa.scalar(p, pa.binary()) if isinstance(p, bytes) else p for p in parts],
+                                         pa.scalar(b"", pa.binary()))
+    return joined.to_numpy(zero_copy_only=False).tolist()
+
+
+def _timer_keys(group: pa.Array, ns: bytes, at: np.ndarray, user_key: pa.Array) -> list[bytes]:
+    """<group><ns><at><user key> per row."""
+    return _join_binary(group, ns, _timestamp_bytes(at), user_key)

@@ -10,6 +10,7 @@ from operator_support import ctx, run_epoch, run_partitioned, store_path, with_k
 
 from sparkpoint.api import TumblingWindow
 from sparkpoint.errors import ConfigError
+from sparkpoint.state.keys import META_PREFIX
 from sparkpoint.state.store import SubtaskStateStore
 
 
@@ -72,7 +73,9 @@ def test_final_fires_every_pending_window(tmp_path: Path) -> None:
         [("a", 0, 1, 1.5), ("a", 5_000, 1, 2.0), ("b", 9_000, 1, 4.0)]
 
 
-def test_results_equal_a_pandas_reference_over_many_epochs_and_subtasks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("names", [list("abcd"), [-7, 0, 12, 1 << 40]], ids=["string-key", "integer-key"])
+def test_results_equal_a_pandas_reference_over_many_epochs_and_subtasks(tmp_path: Path, names: list) -> None:
+    """Integer-only keys are read back off the fire index's key bytes, others from its value."""
     rng = np.random.default_rng(3)
     op = TumblingWindow("w", ["key", "shard"], "ts", size_ms=1_000, aggs=("count", "sum"), value_column="v",
                         value_type="bigint")
@@ -80,7 +83,7 @@ def test_results_equal_a_pandas_reference_over_many_epochs_and_subtasks(tmp_path
     for epoch in range(12):
         n = 300
         ts = clock + rng.integers(-delay // 2, 500, n)  # out of order, but never behind the watermark
-        df = pd.DataFrame({"key": rng.choice(list("abcd"), n), "shard": rng.integers(0, 2, n), "ts": ts,
+        df = pd.DataFrame({"key": rng.choice(names, n), "shard": rng.integers(0, 2, n), "ts": ts,
                            "v": rng.integers(0, 100, n)})
         seen.append(df)
         clock += 500
@@ -135,3 +138,37 @@ def test_a_fresh_operator_instance_fires_with_key_types_recorded_in_state(tmp_pa
     assert out.schema.field("day").type == pa.date32() and out.schema.field("n").type == pa.int16()
     assert out.select(["day", "n", "count"]).to_pylist() == rows.select(["day", "n"]).append_column(
         "count", pa.array([1], pa.int64())).to_pylist()
+
+
+def state_writes(store: SubtaskStateStore) -> dict:
+    """The epoch's pending writes to keyed state (not store metadata such as key types)."""
+    return {k: v for k, v in store.pending_changes().items() if not k.startswith(META_PREFIX)}
+
+
+def test_a_window_without_lateness_is_deleted_by_its_firing_in_four_writes(tmp_path: Path) -> None:
+    """Without lateness a fired window can get no more rows: the fire step deletes it, and
+    no clean-up timer is written (W2's epochs were bound by state writes)."""
+    op = TumblingWindow("w", ["key"], "ts", size="10 s")
+    rows = events(("a", 1_000), ("b", 2_000), ("a", 3_000))
+    op.resolve_input_schema(rows.schema)
+    with SubtaskStateStore.open(str(tmp_path / "db")) as store:
+        assert fired(op.apply(store, rows, ctx(0, 5_000))) == []
+        assert len(state_writes(store)) == 4  # per window: its totals and its fire timer
+        store.commit_epoch(0, op.output_schema.empty_table())
+        assert fired(op.apply(store, events(), ctx(1, 10_000))) == [("a", 0, 10_000, 2), ("b", 0, 10_000, 1)]
+        changes = state_writes(store)
+        assert len(changes) == 4 and all(v is None for v in changes.values())  # both deleted, timers too
+        store.commit_epoch(1, op.output_schema.empty_table())
+        assert [k for k, _ in store.scan_range(b"", b"\xff\xff")] == []
+
+
+def test_a_window_whose_lateness_has_passed_when_it_fires_leaves_no_state(tmp_path: Path) -> None:
+    op = TumblingWindow("w", ["key"], "ts", size="10 s", allowed_lateness="5 s")
+    assert fired(run_epoch(tmp_path, op, events(("a", 1_000), ("b", 12_000)), ctx(0, 5_000))) == []
+    # one watermark step past a's end + lateness: a fires once and is gone; b still waits
+    assert fired(run_epoch(tmp_path, op, events(), ctx(1, 15_000))) == [("a", 0, 10_000, 1)]
+    assert fired(run_epoch(tmp_path, op, events(("a", 2_000)), ctx(2, 15_000))) == []  # late: dropped
+    assert dropped(tmp_path, op) == 1
+    assert fired(run_epoch(tmp_path, op, events(), ctx(3, 40_000))) == [("b", 10_000, 20_000, 1)]
+    with SubtaskStateStore.open(store_path(tmp_path, op)) as store:
+        assert [k for k, _ in store.scan_range(b"", b"\xff\xff")] == []

@@ -5,7 +5,7 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 
-from sparkpoint.state.keys import (decode_timestamp, encode_state_keys, encode_timestamp, encode_user_key,
+from sparkpoint.state.keys import (decode_fixed_user_keys, decode_timestamp, encode_state_keys, encode_timestamp, encode_user_key,
                                    encode_user_keys, key_columns_from_plain, key_group_range, namespace,
                                    plain_key_tuples)
 
@@ -58,3 +58,17 @@ def test_plain_key_tuples_round_trip_temporal_keys() -> None:
     assert plain == [(int(at.timestamp() * 1_000_000), "x")]
     back = key_columns_from_plain(plain, list(rows.schema))
     assert pa.table(back, names=["t", "s"]).equals(rows)
+
+
+def test_integer_like_user_keys_decode_column_wise_to_what_was_encoded() -> None:
+    table = pa.table({
+        "i64": pa.array([-(1 << 63), -1, 0, None, (1 << 63) - 1], pa.int64()),
+        "i16": pa.array([-5, 7, None, 0, 300], pa.int16()),
+        "ts": pa.array([0, None, -86_400_000_000, 1_700_000_000_000_000, 1], pa.timestamp("us", "UTC")),
+        "d": pa.array([dt.date(1970, 1, 1), dt.date(2026, 11, 24), None, dt.date(1900, 2, 28), dt.date(1, 1, 1)]),
+        "b": pa.array([True, False, None, True, False]),
+    })
+    encoded = pa.array(encode_user_keys(table, table.column_names), pa.binary())
+    assert decode_fixed_user_keys(encoded.slice(1), list(table.schema)) == \
+        [c.combine_chunks() for c in table.slice(1).columns]
+    assert decode_fixed_user_keys(encoded, [pa.field("k", pa.string())]) is None  # strings: one by one
