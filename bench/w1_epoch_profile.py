@@ -44,9 +44,11 @@ def main() -> None:
         result = real_run_epoch(*a, **kw)
         for info in result.infos.values():
             phases.append({**info.get("phase_ms", {}), "kept": bool(info.get("state", {}).get("kept"))})
-        rows.append({"epoch": a[-1], "run_epoch_s": time.perf_counter() - t0,
+        kept = sum(bool(i.get("state", {}).get("kept")) for i in result.infos.values())
+        rows.append({"epoch": a[5], "run_epoch_s": time.perf_counter() - t0,
                      "subtask_max_s": max(result.subtask_ms.values(), default=0) / 1000,
-                     "subtask_sum_s": sum(result.subtask_ms.values()) / 1000, "records": result.input_records})
+                     "subtask_sum_s": sum(result.subtask_ms.values()) / 1000, "records": result.input_records,
+                     "kept": kept})
         return result
 
     timings = {"read_s": 0.0, "sink_s": 0.0}
@@ -92,12 +94,12 @@ def main() -> None:
         "state.local.dir": os.path.join(root, "state"), "sparkpoint.progress": False})
     ProfiledJobMaster(pipeline, settings, spark=spark).run()
     print(f"{'epoch':>5} {'records':>9} {'epoch s':>8} {'run_epoch s':>11} {'subtask max s':>13} "
-          f"{'subtask sum s':>13} {'driver rest s':>13} {'of it: read s':>13} {'sink s':>7}")
+          f"{'subtask sum s':>13} {'driver rest s':>13} {'of it: read s':>13} {'sink s':>7} {'kept':>5}")
     for r in rows:
         rest = r.get("epoch_total_s", 0) - r["run_epoch_s"]
         print(f"{r['epoch']:>5} {r['records']:>9,} {r.get('epoch_total_s', 0):>8.2f} {r['run_epoch_s']:>11.2f} "
               f"{r['subtask_max_s']:>13.2f} {r['subtask_sum_s']:>13.2f} {rest:>13.3f} {r.get('read_s', 0):>13.3f} "
-              f"{r.get('sink_s', 0):>7.3f}")
+              f"{r.get('sink_s', 0):>7.3f} {r['kept']:>5}")
     steady = [r for r in rows[1:] if r["records"]]
     if steady:
         print("median after epoch 0: epoch %.2f s, run_epoch %.2f s, subtask max %.2f s" % (

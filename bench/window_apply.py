@@ -44,6 +44,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=250_000)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--profile", action="store_true", help="cProfile the applies, print the top 25")
+    parser.add_argument("--reopen", action="store_true",
+                        help="close and reopen the store before each epoch (a subtask whose store was not kept)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     op = TumblingWindow("bench", ["key"], "ts", size="60 s", key_schema="key BIGINT")
@@ -55,6 +57,11 @@ def main() -> None:
             rows, max_ts = partials(rng, args.keys, args.events, t0 + epoch * SPAN_MS)
             ctx = EpochContext(epoch=epoch, subtask=0, parallelism=2, max_parallelism=MAX_PARALLELISM,
                                watermark_ms=max_ts - 5_000, processing_time_ms=0, final=False)
+            if args.reopen and epoch:
+                opening = time.perf_counter()
+                store.close()
+                store = SubtaskStateStore.open(d + "/db")
+                print(f"  reopen {1000 * (time.perf_counter() - opening):.0f} ms")
             started = time.perf_counter()
             if prof:
                 prof.enable()

@@ -126,6 +126,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self.replayed_records = 0  # read again by epochs re-run after a restore
         self._highest_epoch_run = -1
         self.late_dropped = 0  # rows windows dropped as too late, in this run
+        self._worker_order: list[int] | None = None  # subtask per Spark task, from the last epoch (stage.run_epoch)
         # Rehearsals that fail the executors' storage writes of a given checkpoint need its
         # barrier inside an epoch; otherwise checkpoints complete at the end of the epoch
         # they were triggered in (`_snapshot_at_epoch_end`).
@@ -493,7 +494,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                              self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]),
                              savepoint_to=self._savepoint_target(savepoint))
         wm_col = self.pipeline.watermark_.column if self.pipeline.watermark_ else None
-        result = run_epoch(self._spark, df, task, self.output_step, wm_col, epoch)
+        result = run_epoch(self._spark, df, task, self.output_step, wm_col, epoch, self._worker_order)
+        self._worker_order = result.worker_order
         self.late_dropped += sum(int(i.get("late_dropped") or 0) for i in result.infos.values())
         if self.lineages is not None:
             self.lineages.on_epoch(epoch, result.infos)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,6 +41,12 @@ class EpochResult:
     subtask_ms: dict[int, int]
     infos: dict[int, dict[str, Any]] = field(default_factory=dict)
     sink_handles: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def worker_order(self) -> list[int]:
+        """The subtasks in the order their tasks ended: pass it as the next epoch's
+        `partition_order` (see `run_epoch`)."""
+        return sorted(self.infos, key=lambda s: (self.infos[s].get("ended_at") or 0.0, s))
 
     @property
     def output_rows(self) -> int:
@@ -117,7 +123,16 @@ def _partition_tags(spark, parallelism: int) -> list[int]:
 
 
 def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_column: str | None,
-              epoch: int) -> EpochResult:
+              epoch: int, partition_order: Sequence[int] | None = None) -> EpochResult:
+    """Run one epoch as one Spark job.
+
+    `partition_order[i]` is the subtask that shuffle partition i (Spark task i) carries;
+    None: subtask i. Why not always i: a Python worker keeps the stores of the subtasks it
+    ran open (executor/kept_stores.py), and Spark hands a starting task the idle worker
+    that was released first (its pool is a FIFO queue). Giving partition 0 to the subtask
+    whose task ended first last epoch (`EpochResult.worker_order`), and so on, sends most
+    subtasks back to the worker that holds their store open, warm, instead of half of
+    them to the other worker, which must wait for the store and read it cold."""
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
     if task is None:
@@ -138,7 +153,11 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     # in lockstep and it takes its part of every barrier) without marker rows, a union
     # or a sort by group, which cost more than the state work on small epochs.
     tags = _partition_tags(spark, task.parallelism)
-    tag = F.element_at(F.array(*[F.lit(t) for t in tags]), subtask + 1)
+    order = list(partition_order) if partition_order is not None else []
+    if sorted(order) != list(range(task.parallelism)):
+        order = list(range(task.parallelism))
+    partition_of = {s: i for i, s in enumerate(order)}
+    tag = F.element_at(F.array(*[F.lit(tags[partition_of[s]]) for s in range(task.parallelism)]), subtask + 1)
     rows = pre.repartition(task.parallelism, tag)
     in_schema = to_arrow_schema(rows.schema, timezone=_session_time_zone(spark))
     schema = output_schema_with_meta(op.output_schema)
@@ -147,7 +166,7 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
         from pyspark import TaskContext
 
         table = pa.Table.from_batches(list(batches), schema=in_schema)
-        yield from task.run(TaskContext.get().partitionId(), table).to_batches()
+        yield from task.run(order[TaskContext.get().partitionId()], table).to_batches()
 
     out = rows.mapInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
     data, meta = split_meta(out, op.output_schema)

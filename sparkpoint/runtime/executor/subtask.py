@@ -193,6 +193,7 @@ class EpochTask:
         info["state"] = state.report.__dict__
         data, info["sink"] = self.output(self.epoch, subtask, out)
         phase("sink")
+        info["ended_at"] = time.time()  # the driver orders the next epoch's tasks by it (stage.run_epoch)
         info_json = json.dumps(info, default=str)
         ms = int((time.perf_counter() - started) * 1000)
         return with_meta(data, output_schema_with_meta(self.operator.output_schema), subtask, rows.num_rows, ms,
