@@ -74,8 +74,12 @@ def test_final_fires_every_pending_window(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("names", [list("abcd"), [-7, 0, 12, 1 << 40]], ids=["string-key", "integer-key"])
-def test_results_equal_a_pandas_reference_over_many_epochs_and_subtasks(tmp_path: Path, names: list) -> None:
-    """Integer-only keys are read back off the fire index's key bytes, others from its value."""
+@pytest.mark.parametrize("scan_fraction", [0.0, float("inf")], ids=["scans", "point-gets"])
+def test_results_equal_a_pandas_reference_over_many_epochs_and_subtasks(tmp_path: Path, names: list,
+                                                                       scan_fraction: float, monkeypatch) -> None:
+    """Integer-only keys are read back off the fire index's key bytes, others from its value;
+    stored windows are found by scanning key groups or by point gets."""
+    monkeypatch.setattr(TumblingWindow, "scan_fraction", scan_fraction)
     rng = np.random.default_rng(3)
     op = TumblingWindow("w", ["key", "shard"], "ts", size_ms=1_000, aggs=("count", "sum"), value_column="v",
                         value_type="bigint")
