@@ -379,8 +379,29 @@ def _peak_fields(r: dict[str, Any]) -> list[str]:
     return sorted(k for k, v in r.items() if k.startswith("peak_") and k.endswith("_mb") and isinstance(v, (int, float)))
 
 
+_PROCESS_NAMES = {"driver": "driver (Python)", "java": "JVM (Spark driver + executor)", "python": "Python processes",
+                  "python3": "Python processes", "python3.11": "Python processes"}
+
+
+def _by_process(runs: list[dict[str, Any]]) -> str:
+    """The process breakdown of the run whose peak is the median one: which part of the
+    tree holds the memory. Runs sampled before the driver was labelled count it among
+    the Python processes."""
+    sampled = sorted((r for r in runs if r.get("peak_rss_by_process") and r.get("peak_rss_mb")),
+                     key=lambda r: r["peak_rss_mb"])
+    if not sampled:
+        return "–"
+    parts = []
+    for name, (count, mb) in sorted(sampled[len(sampled) // 2]["peak_rss_by_process"].items(),
+                                    key=lambda kv: -kv[1][1]):
+        label = _PROCESS_NAMES.get(name, name)
+        parts.append(f"{label}{f' ×{count}' if count > 1 else ''}: {mb:,.0f}")
+    return "; ".join(parts)
+
+
 def memory_table(results: list[dict[str, Any]], sections: list[str]) -> str:
-    rows = ["| section | system | config | peak memory, median over runs (MB) | field(s) |", "|---|---|---|---|---|"]
+    rows = ["| section | system | config | peak memory, median over runs (MB) | by process at the peak (MB, median run) "
+            "| field(s) |", "|---|---|---|---|---|---|"]
     for section in sections:
         keys = sorted({(r["system"], r["config"]) for r in runs_of(results, section)},
                       key=lambda k: (CONFIGS.index(k) if k in CONFIGS else 99, k))
@@ -388,10 +409,10 @@ def memory_table(results: list[dict[str, Any]], sections: list[str]) -> str:
             runs = runs_of(results, section, system, config)
             fields = sorted({f for r in runs for f in _peak_fields(r)})
             if not fields:
-                rows.append(f"| {section} | {system} | {config} | not measured | – |")
+                rows.append(f"| {section} | {system} | {config} | not measured | – | – |")
                 continue
             values = "; ".join(f"{f[5:-3]}: {_fmt(median_of(runs, f))}" for f in fields)
-            rows.append(f"| {section} | {system} | {config} | {values} | {', '.join(fields)} |")
+            rows.append(f"| {section} | {system} | {config} | {values} | {_by_process(runs)} | {', '.join(fields)} |")
     return "\n".join(rows)
 
 
@@ -642,7 +663,9 @@ commits state every batch and reports no checkpoint duration (its state commit t
 ## Peak memory
 Peak memory fields the RESULT lines carry (W2 and latency: PSS of the process tree, see
 bench/w2_workload.py; PyFlink: summed RSS of the Python process and its JVM; W3: driver and executor
-side). The W1 sparkpoint and Spark SS scripts do not measure memory: "not measured".
+side; W1: as W2). In local mode the Spark driver and executor are one JVM; Spark's Python workers
+are the Python processes besides the driver (runs before 2026-11-24 18:45 UTC count the sparkpoint/PySpark driver
+process, ~150 MB, among them).
 
 {memory_table(results, present)}
 

@@ -188,7 +188,8 @@ def tree_rss(root_pid: int | None = None) -> tuple[int, dict[str, list]]:
     the child shows the JVM's whole RSS) and forked Python workers' shared pages once
     per worker."""
     tree = _children()
-    todo, total, by_name = [root_pid or os.getpid()], 0, {}
+    root = root_pid or os.getpid()
+    todo, total, by_name = [root], 0, {}
     page = os.sysconf("SC_PAGE_SIZE")
     while todo:
         pid = todo.pop()
@@ -199,6 +200,8 @@ def tree_rss(root_pid: int | None = None) -> tuple[int, dict[str, list]]:
                 name = f.read().strip()
         except OSError:
             continue
+        # The root is the job's driver process; its Python children are Spark's workers.
+        name = "driver" if pid == root else name
         total += rss
         entry = by_name.setdefault(name, [0, 0.0])
         entry[0] += 1
