@@ -76,6 +76,18 @@ def encode_user_keys(table: pa.Table, key_columns: list[str]) -> list[bytes]:
 def encode_state_keys(table: pa.Table, key_columns: list[str], key_group_column: str, ns: bytes,
                       suffix_column: str | None = None) -> list[bytes]:
     """Full store keys for every row: group + namespace + user key [+ 8-byte int suffix]."""
+    return _join(_state_key_parts(table, key_columns, key_group_column, ns, suffix_column), table.num_rows)
+
+
+def encode_state_key_array(table: pa.Table, key_columns: list[str], key_group_column: str, ns: bytes,
+                           suffix_column: str | None = None) -> pa.Array:
+    """`encode_state_keys` as one Arrow binary array (no Python object per key): Arrow
+    sorts it in the store's byte order (`pc.sort_indices`)."""
+    return _join_array(_state_key_parts(table, key_columns, key_group_column, ns, suffix_column), table.num_rows)
+
+
+def _state_key_parts(table: pa.Table, key_columns: list[str], key_group_column: str, ns: bytes,
+                     suffix_column: str | None) -> list[pa.Array]:
     n = table.num_rows
     groups = table.column(key_group_column).to_numpy(zero_copy_only=False).astype(np.int64)
     if n and (groups.min() < 0 or groups.max() >= MAX_KEY_GROUPS):
@@ -86,7 +98,7 @@ def encode_state_keys(table: pa.Table, key_columns: list[str], key_group_column:
     parts = [_fixed(prefix.tobytes(), 2 + len(ns), n), *_user_key_parts(table, key_columns)]
     if suffix_column is not None:
         parts.append(_int_bytes(table.column(suffix_column), n))
-    return _join(parts, n)
+    return parts
 
 
 # -- internals --------------------------------------------------------------------------
@@ -135,10 +147,15 @@ def _user_key_parts(table: pa.Table, key_columns: list[str]) -> list[pa.Array]:
 def _join(parts: list[pa.Array], n: int) -> list[bytes]:
     if n == 0:
         return []
+    return _join_array(parts, n).to_numpy(zero_copy_only=False).tolist()
+
+
+def _join_array(parts: list[pa.Array], n: int) -> pa.Array:
+    if n == 0:
+        return pa.array([], pa.binary())
     if len(parts) == 1:
-        return parts[0].to_numpy(zero_copy_only=False).tolist()
-    joined = pc.binary_join_element_wise(*parts, _EMPTY)
-    return joined.to_numpy(zero_copy_only=False).tolist()
+        return parts[0]
+    return pc.binary_join_element_wise(*parts, _EMPTY)
 
 
 def decode_fixed_user_keys(user_keys: pa.Array, fields: list[pa.Field]) -> list[pa.Array] | None:

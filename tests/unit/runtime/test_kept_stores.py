@@ -66,7 +66,9 @@ def test_a_dead_holder_is_not_waited_for(tmp_path) -> None:
     kept_stores.release(db_dir, timeout_s=20)
     assert time.monotonic() - started < 1
     with SubtaskStateStore.open(db_dir, create=False) as store:
-        assert store.get(b"k") == b"from-a", "the WAL of the killed holder is replayed"
+        # No WAL: epoch 0 died in the holder's memtable unless RocksDB flushed it; the
+        # runtime catches up from the change log. Either way the store is a whole epoch.
+        assert (store.epoch(), store.get(b"k")) in ((-1, None), (0, b"from-a"))
 
 
 def test_a_kept_store_is_used_again_only_for_the_same_directory(tmp_path, in_task) -> None:
