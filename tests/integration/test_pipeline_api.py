@@ -149,3 +149,33 @@ def test_a_bounded_job_with_periodic_checkpoints_disabled_commits_its_output_onc
     for r in sorted(rows, key=lambda r: r["epoch"]):
         final[r["key"]] = r["count"]
     assert sum(final.values()) == 4_000
+
+
+@pytest.mark.parametrize("aggs", [("count", "sum"), ("sum", "min", "max")])
+def test_keyed_aggregate_equals_sparks_group_by_for_each_set_of_aggs(spark, tmp_path, aggs):
+    """pre_aggregate shuffles only the partials the aggs need; nulls still count as rows
+    and not as values (SQL semantics), across epochs."""
+    from pyspark.sql import functions as F
+
+    from sparkpoint import KeyedAggregate
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    rows = [{"key": k % 7, "value": None if k % 5 == 0 or k % 7 == 3 else k * 3 % 101} for k in range(400)]
+    for i in range(4):
+        (inbox / f"{i}.json").write_text("\n".join(json.dumps(r) for r in rows[i * 100:(i + 1) * 100]))
+    src = FileSource(str(inbox), format="json", schema="key BIGINT, value BIGINT", max_files_per_epoch=1,
+                     bounded=True)
+    pipeline = (Pipeline("aggs").source(src).stateful(KeyedAggregate("agg", ["key"], "value", aggs=aggs,
+                                                                     value_type="bigint"))
+                .sink(ParquetSink(str(tmp_path / "out"))))
+    result = JobMaster(pipeline, _settings(tmp_path), spark=spark).run()
+    assert result.status is JobStatus.FINISHED
+
+    out = ds.dataset(str(tmp_path / "out"), format="parquet", partitioning="hive").to_table().to_pylist()
+    final = {r["key"]: {a: r[a] for a in aggs} for r in sorted(out, key=lambda r: r["epoch"])}
+    expected_df = spark.createDataFrame(rows, "key BIGINT, value BIGINT").groupBy("key").agg(
+        *[(F.count(F.lit(1)) if a == "count" else getattr(F, a)("value")).alias(a) for a in aggs])
+    expected = {r["key"]: {a: r[a] for a in aggs} for r in expected_df.collect()}
+    assert final == expected
+    assert all(v is None for a, v in expected[3].items() if a != "count"), "key 3 has only null values"

@@ -112,3 +112,15 @@ def test_output_schema_needs_key_types_until_they_are_known() -> None:
     assert op.output_schema.names == ["user", "count", "sum", "min", "max"]
     with pytest.raises(ConfigError, match="subset"):
         KeyedAggregate("x", ["k"], "v", aggs=("avg",))
+
+
+def test_aggs_added_after_the_state_began_are_refused_not_silently_partial(tmp_path: Path) -> None:
+    rows = with_key_groups(pa.table({"page": [1, 1, 2], "n": [4, 1, 5]}), ["page"])
+    first = KeyedAggregate("clicks", ["page"], "n", aggs=("count", "sum"), value_type="bigint", key_schema="page BIGINT")
+    run_epoch(tmp_path, first, rows, ctx(0))
+    more = KeyedAggregate("clicks", ["page"], "n", aggs=("count", "max"), value_type="bigint", key_schema="page BIGINT")
+    with pytest.raises(ConfigError, match=r"aggs \['max'\] were added after its state began"):
+        run_epoch(tmp_path, more, rows, ctx(1))
+    fewer = KeyedAggregate("clicks", ["page"], "n", aggs=("sum",), value_type="bigint", key_schema="page BIGINT")
+    by_page = {r["page"]: r["sum"] for r in run_epoch(tmp_path, fewer, rows, ctx(1)).to_pylist()}
+    assert by_page == {1: 10, 2: 10}
