@@ -3,9 +3,10 @@
 Within an epoch every write is buffered in memory (an overlay that reads see), and
 `commit_epoch` writes all of them together with the epoch marker and the epoch's
 output in ONE RocksDB WriteBatch. So the directory is always at exactly one committed
-epoch: a crash or an exception before `commit_epoch` leaves the previous epoch intact,
-and a Spark task retry of an already committed epoch returns `last_output()` instead
-of applying its rows twice.
+epoch: an exception before `commit_epoch` leaves the previous epoch intact, a killed
+process leaves an earlier whole epoch (the last ones may die in the memtable: see
+`StoreOptions.wal`), and a Spark task retry of an already committed epoch returns
+`last_output()` instead of applying its rows twice.
 
 Metadata (format version, operator, key-group range, max parallelism) is recorded at
 creation and checked on every open, so a directory left by another operator, another
@@ -61,8 +62,9 @@ class StoreOptions:
     # WAL a SIGKILL of the worker loses the epochs still in the memtable, never part of
     # one: an epoch is one WriteBatch, a batch lands in one memtable, and memtables are
     # flushed whole and in order, so the reopened store is at an earlier whole epoch.
-    # close() and local checkpoints flush first. The WAL was half of RocksDB's write
-    # (measured: 163k entries into a 500k-key store, 210 instead of 429 ms), the fsync
+    # close() and local checkpoints flush first. The WAL was a fifth of RocksDB's write
+    # on a quiet machine and half of it on a loaded one (163k entries into a 500k-key
+    # store: 142 instead of 177 ms quiet, 210 instead of 429 ms loaded); the fsync
     # another ~30 ms per subtask per epoch on W1 (50k keys).
     wal: bool = False
     sync_commit: bool = False  # fsync the WAL at every commit (implies wal)
