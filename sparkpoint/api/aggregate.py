@@ -178,9 +178,9 @@ class KeyedAggregate(StatefulOperator):
     # -- steps ---------------------------------------------------------------------------
     def _in_key_order(self, partials: pa.Table) -> tuple[pa.Table, list[bytes]]:
         """The partials sorted by their store keys, and the keys. Arrow sorts the encoded
-        keys in the store's byte order, so the commit's sort finds them in order (one
-        linear pass instead of a Python sort: 40-60 ms per 160k keys), reads walk the
-        store in order, and duplicate keys are neighbours."""
+        keys in the store's byte order (~35 ms per 160k keys), which the commit's Python
+        sort then finds in one linear pass (instead of 40-60 ms); reads walk the store in
+        order, and duplicate keys are neighbours (no set of all keys to find them)."""
         encoded = encode_state_key_array(partials, self.key_columns, KEY_GROUP_COL, self._ns)
         order = pc.sort_indices(encoded)
         return partials.take(order), encoded.take(order).to_numpy(zero_copy_only=False).tolist()
