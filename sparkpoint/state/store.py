@@ -19,7 +19,6 @@ import bisect
 import collections
 import itertools
 import json
-import operator
 import os
 from dataclasses import dataclass, field
 from typing import Iterator, Literal, Sequence
@@ -267,15 +266,19 @@ class SubtaskStateStore:
         # the keys already.
         keys = self._overlay.sorted_keys_between(b"", None)
         values = list(map(self._overlay.writes.__getitem__, keys))
-        # The batch is filled by map() loops in C, not a Python loop per key (that loop
-        # was ~0.75 us per key, more than the puts themselves).
-        if values.count(_DELETED):
-            is_delete = list(map(operator.is_, values, itertools.repeat(_DELETED)))
-            kept = list(map(operator.not_, is_delete))
-            _drain(map(batch.put, itertools.compress(keys, kept), itertools.compress(values, kept)))
-            _drain(map(batch.delete, itertools.compress(keys, is_delete)))
-        else:
+        if not values.count(_DELETED):
+            # Puts only (keyed aggregates): one map() loop in C instead of a Python loop per
+            # key (~0.75 us per key, more than the puts themselves).
             _drain(map(batch.put, keys, values))
+        else:
+            # With deletes (windows, timers) one pass is cheaper than splitting the batch
+            # (measured on W2's shape: 306-339 instead of 378-398 ms per commit).
+            put, delete = batch.put, batch.delete
+            for key, value in zip(keys, values):
+                if value is None:
+                    delete(key)
+                else:
+                    put(key, value)
         batch.put(_EPOCH_KEY, epoch.to_bytes(8, "big", signed=True))
         batch.put(_OUTPUT_KEY, _ipc_bytes(output))
         if lineage is not None:
