@@ -2,11 +2,13 @@
 JobMaster, checkpoints OFF and every 1 s on the same data in the same process.
 
     python bench/w1_keyed_aggregate.py [--events 5000000] [--keys 100000]
-        [--epoch-records 500000] [--modes off,on,on-parquet] [--runs 1] [--work /tmp/sparkpoint-bench]
+        [--epoch-records 500000] [--modes off,on,on-parquet,on-timed] [--epoch-target 500ms]
+        [--runs 1] [--work /tmp/sparkpoint-bench]
 
 Modes: off / on read GeneratorSource (events computed by Spark: three xxhash64 per event);
 on-parquet reads the Parquet files the Spark SS peer reads, with FileSource, one file per
-epoch: the like-for-like comparison with Spark SS.
+epoch: the like-for-like comparison with Spark SS; on-timed is `on` with epochs sized by
+time (`sparkpoint.epoch.target-duration` = --epoch-target; --epoch-records stays the cap).
 
 Prints one JSON line per run (prefixed `RESULT `) with events/s after start-up
 (from the end of epoch 0 to the end of the last epoch with data: excludes Spark
@@ -61,7 +63,7 @@ class MeasuredJobMaster(JobMaster):
             self.epoch_ends.append((time.monotonic(), self.epoch, self.records))
 
 
-def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
+def run_once(spark, w1: W1, mode: str, work: str, run: int, epoch_target: str = "500 ms") -> dict[str, Any]:
     """mode: off / on (checkpoints every 1 s), the events from GeneratorSource; on-parquet:
     checkpoints on, the events read by FileSource from the Parquet files the Spark SS peer
     reads (one file per epoch), so both pay the same to get their input."""
@@ -85,6 +87,7 @@ def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
         "execution.checkpointing.interval": "1 s",
         "state.local.dir": os.path.join(root, "state"),
         "sparkpoint.progress": False,
+        "sparkpoint.epoch.target-duration": epoch_target if mode == "on-timed" else 0,
     })
     job = MeasuredJobMaster(pipeline, settings, spark=spark)
     started, cpu0 = time.monotonic(), tree_cpu_s()
@@ -97,6 +100,7 @@ def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
     out = {
         "system": "sparkpoint", "config": f"ckpt-{mode}", "run": run, "events": result.records,
         "keys": w1.keys, "epoch_records": w1.epoch_records, "epochs_with_data": len(job.epoch_ends),
+        "epoch_target": epoch_target if mode == "on-timed" else None,
         "events_per_s": (r1 - r0) / (t1 - t0),
         "wall_s": wall, "events_per_s_incl_startup": result.records / wall,
         # CPU of the process tree (driver, JVM, Python workers) over the whole run.
@@ -115,7 +119,8 @@ def run_once(spark, w1: W1, mode: str, work: str, run: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = workload_arguments(__doc__.splitlines()[0])
-    parser.add_argument("--modes", default="off,on,on-parquet")
+    parser.add_argument("--modes", default="off,on,on-parquet,on-timed")
+    parser.add_argument("--epoch-target", default="500 ms", help="sparkpoint.epoch.target-duration of on-timed")
     args = parser.parse_args()
     w1 = W1(args.events, args.keys, args.epoch_records)
     spark = spark_session("bench-w1-sparkpoint")
@@ -128,7 +133,7 @@ def main() -> None:
         # Alternate the order run by run so drift in the machine's load hits every mode alike.
         for mode in (modes if run % 2 == 0 else modes[::-1]):
             rss.reset()
-            result = run_once(spark, w1, mode, args.work, run)
+            result = run_once(spark, w1, mode, args.work, run, args.epoch_target)
             result["peak_rss_mb"], result["peak_rss_by_process"] = rss.peak_mb, rss.breakdown
             result["loadavg_1m_after"] = os.getloadavg()[0]
             print("RESULT " + json.dumps(result), flush=True)

@@ -51,6 +51,7 @@ _IMPLAUSIBLE_BARE_MS = {
     "restart-strategy.failure-rate.failure-rate-interval": 100,
     "restart-strategy.exponential-delay.reset-backoff-threshold": 100,
     "sparkpoint.progress.interval": 100,
+    "sparkpoint.epoch.target-duration": 50,
 }
 _BARE_NUMBER_RE = re.compile(r"^\s*\d+(?:\.\d+)?\s*$")
 
@@ -139,6 +140,11 @@ class Settings(_Model):
     spark_master: str = Field("local[2]", alias="spark.master")
     spark_conf: dict[str, str] = Field(default_factory=dict, alias="spark.conf")
     idle_pause_ms: int = Field(200, alias="sparkpoint.idle-pause")
+    # Epochs sized by time (runtime/epoch_sizer.py): the sources' slices are cut until an
+    # epoch takes about this long. A checkpoint completes at the end of the epoch its
+    # trigger falls in, so this bounds checkpoint duration and output latency, at the cost
+    # of more per-epoch overhead. 0: epochs are bounded by the sources' own limits only.
+    epoch_target_ms: int = Field(0, alias="sparkpoint.epoch.target-duration")
     progress: bool = Field(True, alias="sparkpoint.progress")
     progress_interval_ms: int = Field(1_000, alias="sparkpoint.progress.interval")
     metrics_port: int | None = Field(None, alias="metrics.prometheus.port")
@@ -164,7 +170,7 @@ class Settings(_Model):
         "checkpoint_interval_ms", "checkpoint_min_pause_ms", "checkpoint_timeout_ms", "fixed_delay_ms",
         "exp_initial_backoff_ms", "exp_max_backoff_ms", "exp_reset_threshold_ms", "failure_rate_interval_ms",
         "failure_rate_delay_ms", "lease_ttl_ms", "idle_pause_ms", "progress_interval_ms",
-        "materialize_interval_ms", mode="before")
+        "materialize_interval_ms", "epoch_target_ms", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> int:
         return parse_duration_ms(v)
@@ -184,7 +190,8 @@ class Settings(_Model):
             raise ValueError("must be a TCP port (0 = any free port)")
         return v
 
-    @field_validator("tolerable_failed_checkpoints", "checkpoint_min_pause_ms", "same_failure_max_attempts")
+    @field_validator("tolerable_failed_checkpoints", "checkpoint_min_pause_ms", "same_failure_max_attempts",
+                     "epoch_target_ms")
     @classmethod
     def _non_negative(cls, v: int) -> int:
         if v < 0:

@@ -78,6 +78,26 @@ class Source(ABC):
     def plan(self, positions: Positions) -> SlicePlan:
         """The next slice from `positions`, bounded by the source's per-epoch limits."""
 
+    def plan_size(self, plan: SlicePlan) -> int | None:
+        """How many units (records, files) `plan` reads, for epochs sized by time; None
+        when the source cannot say (its epochs are then never cut). Default: positions
+        that are record offsets, as Kafka's and the generator's are."""
+        try:
+            return sum(max(0, int(e) - int(plan.start[s])) for s, e in plan.end.items())
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def shrink(self, plan: SlicePlan, units: int) -> SlicePlan:
+        """The first `units` of `plan` (see `plan_size`), spread over the splits in
+        proportion to what each has, at least one record for each split that has any, so
+        no split's event time falls behind. Default: offset positions."""
+        sizes = {s: max(0, int(e) - int(plan.start[s])) for s, e in plan.end.items()}
+        total = sum(sizes.values())
+        if units >= total:
+            return plan
+        end = {s: int(plan.start[s]) + (max(1, n * units // total) if n else 0) for s, n in sizes.items()}
+        return SlicePlan(dict(plan.start), end)
+
     @abstractmethod
     def read(self, plan: SlicePlan):  # -> pyspark.sql.DataFrame
         """The slice's records as a DataFrame. Same plan, same records."""

@@ -123,6 +123,15 @@ class FileSource(Source):
         new = [n for n in self._available() if n not in done][: self.max_files]
         return SlicePlan({_SPLIT: sorted(done)}, {_SPLIT: sorted(done | set(new))})
 
+    def plan_size(self, plan: SlicePlan) -> int | None:
+        return len(_done(plan.end) - _done(plan.start))
+
+    def shrink(self, plan: SlicePlan, units: int) -> SlicePlan:
+        """The first `units` new files in name order (the order files are taken in)."""
+        done = _done(plan.start)
+        new = sorted(_done(plan.end) - done)[: max(1, units)]
+        return SlicePlan({_SPLIT: sorted(done)}, {_SPLIT: sorted(done | set(new))})
+
     def is_exhausted(self, positions: Positions) -> bool:
         return self.bounded and not self.lag(positions)[_SPLIT]
 

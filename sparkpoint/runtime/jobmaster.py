@@ -44,6 +44,7 @@ from sparkpoint.config import Settings
 from sparkpoint.connectors.base import Positions, SourceContext
 from sparkpoint.errors import ConfigError, JobFailedError, LeaseLostError, NoValidCheckpointError
 from sparkpoint.faults import ParticipantFaults
+from sparkpoint.runtime.epoch_sizer import EpochSizer
 from sparkpoint.runtime.progress import ProgressReporter
 from sparkpoint.runtime.failures import (
     JOB,
@@ -138,6 +139,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self._restoring = False
         self._previous_barrier_epoch = -1  # for the bytes a checkpoint added to storage
         self._bad_checkpoints: dict[int, str] = {}
+        self.epoch_sizer = EpochSizer(settings.epoch_target_ms) if settings.epoch_target_ms else None
 
     # ------------------------------------------------------------------ participants
     @property
@@ -467,7 +469,23 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                 self.progress.maybe_report()
                 time.sleep(self.settings.idle_pause_ms / 1000)
                 continue
+            plan, planned, size = self._sized(plan)
+            started = time.monotonic()
             self._run_one_epoch(plan, final=False)
+            if size is not None:
+                self.epoch_sizer.observe(size, planned, time.monotonic() - started)
+
+    def _sized(self, plan):
+        """The plan cut to the epoch sizer's budget; with the units planned and taken."""
+        if self.epoch_sizer is None:
+            return plan, None, None
+        planned = self.source.plan_size(plan)
+        if not planned:
+            return plan, None, None
+        units = self.epoch_sizer.limit(planned)
+        if units < planned:
+            plan = self.source.shrink(plan, units)
+        return plan, planned, self.source.plan_size(plan)
 
     def _run_one_epoch(self, plan, final: bool) -> None:
         barriers = self.gateway.take_barriers()
