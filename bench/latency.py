@@ -80,7 +80,6 @@ def run_sparkpoint(spark, args, duration_s: float, run: str, rss: PeakRss) -> di
         def plan(self, positions):
             if self._last_plan_at is None:
                 self.start_ts_ms = int(time.time() * 1000) - 500  # the first budget is 0.5 s of events
-                self._column_cache.clear()
             return super().plan(positions)
 
     epochs: list[tuple[int, dict, dict]] = []  # (epoch, start positions, end positions)
