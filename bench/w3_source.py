@@ -17,7 +17,7 @@ an event is a pure function of (seed, split, offset).
 from __future__ import annotations
 
 from sparkpoint.connectors.base import Positions, SlicePlan
-from sparkpoint.connectors.generator import _OFFSET_TYPE, GeneratorSource, _num
+from sparkpoint.connectors.generator import GeneratorSource, _num
 
 STRIDE = 1_000_003  # prime: coprime to any key count that is not a multiple of it
 
@@ -52,16 +52,8 @@ class W3Source(GeneratorSource):
             end[split] = min(stop, self._split_total(s))
         return SlicePlan(dict(positions), end)
 
-    def _slice_sql(self, split: int, start: int, end: int) -> str:
-        """Events [start, end) of one split, as GeneratorSource builds them (one `spark.sql`
-        statement, the offset a decimal literal so the generated code is reused), with
-        key = (g * STRIDE) mod keys."""
-        g = f"(id * {_num(self.splits)} + {_num(split)})"
-        offset = f"CAST({int(start)}BD AS {_OFFSET_TYPE})"
-        return (
-            f"SELECT pmod({g} * {_num(STRIDE)}, {_num(self.keys)}) AS key, "
-            f"pmod(xxhash64({_num(self.seed + 2)}, {g}), 1000) AS value, "
-            f"{_num(self.start_ts_ms)} + {g} AS ts, "
-            f"CAST({_num(split)} AS INT) AS split, id AS offset "
-            f"FROM (SELECT CAST(CAST(id AS {_OFFSET_TYPE}) + {offset} AS BIGINT) AS id "
-            f"FROM range(0, {int(end - start)}, 1, 1))")
+    def _key_sql(self, g: str) -> str:
+        return f"pmod({g} * {_num(STRIDE)}, {_num(self.keys)})"
+
+    def _ts_sql(self, g: str) -> str:
+        return f"{_num(self.start_ts_ms)} + {g}"

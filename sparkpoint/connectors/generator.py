@@ -104,13 +104,21 @@ class GeneratorSource(Source):
         g = f"(id * {_num(self.splits)} + {_num(split)})"  # the job-wide event number
         offset = f"CAST({int(start)}BD AS {_OFFSET_TYPE})"
         return (
-            f"SELECT pmod(xxhash64({_num(self.seed)}, {g}), {_num(self.keys)}) AS key, "
+            f"SELECT {self._key_sql(g)} AS key, "
             f"pmod(xxhash64({_num(self.seed + 2)}, {g}), 1000) AS value, "
-            f"CAST({_num(self.start_ts_ms)} + ({g} * 1000) / {_num(self.event_time_per_s)} AS BIGINT)"
-            f" - pmod(xxhash64({_num(self.seed + 1)}, {g}), {_num(max(1, self.disorder_ms))}) AS ts, "
+            f"{self._ts_sql(g)} AS ts, "
             f"CAST({_num(split)} AS INT) AS split, id AS offset "
             f"FROM (SELECT CAST(CAST(id AS {_OFFSET_TYPE}) + {offset} AS BIGINT) AS id "
             f"FROM range(0, {int(end - start)}, 1, 1))")
+
+    def _key_sql(self, g: str) -> str:
+        """The key of event number `g` (an SQL expression); subclasses shape the key space."""
+        return f"pmod(xxhash64({_num(self.seed)}, {g}), {_num(self.keys)})"
+
+    def _ts_sql(self, g: str) -> str:
+        """The event time of event number `g`: steady in `g`, minus a bounded disorder."""
+        return (f"CAST({_num(self.start_ts_ms)} + ({g} * 1000) / {_num(self.event_time_per_s)} AS BIGINT)"
+                f" - pmod(xxhash64({_num(self.seed + 1)}, {g}), {_num(max(1, self.disorder_ms))})")
 
 
 def _num(value: int | float) -> str:

@@ -42,9 +42,7 @@ class EpochSizer:
     def limit(self, planned: int) -> int:
         """How many of the `planned` units (records, files) the next epoch takes."""
         self._largest_plan = max(self._largest_plan, planned)
-        if self.budget is None or planned <= self.budget:
-            return planned
-        return max(1, self.budget)
+        return planned if self.budget is None else min(planned, self.budget)
 
     def observe(self, size: int, planned: int, duration_s: float) -> None:
         """An epoch of `size` units took `duration_s`; its source had `planned` available

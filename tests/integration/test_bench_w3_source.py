@@ -5,8 +5,8 @@ then measured hashed keys instead)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import sys
 
 import pytest
 
@@ -14,14 +14,15 @@ from sparkpoint.connectors.base import SourceContext
 
 pytestmark = pytest.mark.spark
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+W3_SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "w3_source.py")
 
 
-def test_w3_load_covers_every_key_once_and_each_change_epoch_has_distinct_keys(spark, monkeypatch):
-    monkeypatch.syspath_prepend(BENCH)
-    from w3_source import W3Source
+def test_w3_load_covers_every_key_once_and_each_change_epoch_has_distinct_keys(spark):
+    spec = importlib.util.spec_from_file_location("w3_source", W3_SOURCE)
+    w3_source = importlib.util.module_from_spec(spec)  # not put in sys.modules: bench/ is not a package
+    spec.loader.exec_module(w3_source)
 
-    source = W3Source(keys=1_000, changed=100, change_epochs=3, load_epoch_records=400)
+    source = w3_source.W3Source(keys=1_000, changed=100, change_epochs=3, load_epoch_records=400)
     source.open(SourceContext(spark, "w3-check"))
     positions, epochs = source.initial_positions(), []
     while not source.is_exhausted(positions):
@@ -33,4 +34,3 @@ def test_w3_load_covers_every_key_once_and_each_change_epoch_has_distinct_keys(s
     assert len(epochs) == loads + 3
     for keys in epochs[loads:]:
         assert len(keys) == len(set(keys)) == 100
-    sys.modules.pop("w3_source", None)

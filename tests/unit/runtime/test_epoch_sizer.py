@@ -102,3 +102,13 @@ def test_file_slices_are_cut_to_the_first_new_files_in_name_order(tmp_path):
 def test_positions_that_are_not_offsets_are_never_cut():
     source = GeneratorSource()
     assert source.plan_size(SlicePlan({"x": "abc"}, {"x": "abd"})) is None
+
+
+def test_a_bad_target_is_one_config_error_naming_the_key():
+    from sparkpoint.config import Settings
+    from sparkpoint.errors import ConfigError
+
+    assert Settings.load(overrides={"sparkpoint.epoch.target-duration": "500 ms"}).epoch_target_ms == 500
+    assert Settings.load().epoch_target_ms == 0  # off by default
+    with pytest.raises(ConfigError, match="sparkpoint.epoch.target-duration.*soon"):
+        Settings.load(overrides={"sparkpoint.epoch.target-duration": "soon"})
