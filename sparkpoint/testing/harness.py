@@ -75,6 +75,16 @@ class _Workspace:
         self.path = root or tempfile.mkdtemp(prefix="sparkpoint-tester-")
         os.makedirs(self.path, exist_ok=True)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, True) if root is None else None
+        _LIVE[self.path] = self
+
+    @classmethod
+    def at(cls, path: str) -> "_Workspace":
+        """The workspace at `path`: the live one (a snapshot read back from its JSON
+        keeps the temporary storage of the tester that took it), else that directory."""
+        return _LIVE.get(path) or cls(path)
+
+
+_LIVE: "weakref.WeakValueDictionary[str, _Workspace]" = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,8 @@ class TesterSnapshot:
     that goes into `_metadata`) over files in checkpoint storage, plus the job's
     progress (epoch, event time, processing time). `to_json` / `from_json` carry it
     as text; the files stay where `storage` says."""
+
+    __test__ = False  # not a pytest test class, despite its name
 
     operator: str
     lineage: Mapping[str, Any]
@@ -187,7 +199,7 @@ class ProcessorTester:
         if tester.step.name != snap.operator:
             raise ConfigError(f"the snapshot holds the state of step {snap.operator!r}, not of {tester.step.name!r}: "
                               "a step's name is its state identity")
-        tester._storage_owner = snap._keeps or _Workspace(snap.storage)
+        tester._storage_owner = snap._keeps or _Workspace.at(snap.storage)
         tester._storage = StorageRef(snap.storage, _JOB)
         tester._lineages.restore({_SUBTASK: snap.lineage})
         tester._epoch = snap.epoch
@@ -387,13 +399,17 @@ class ProcessorTester:
         return state
 
     def _dump(self, read: Any, schema_of: str) -> pd.DataFrame:
-        desc = describe(self.step)
-        if desc.key_schema is None:
-            raise ConfigError(f"step {self.step.name!r} has seen no rows yet, so its key types are unknown")
         state = self._open_state()
         try:
+            keys = getattr(self.step, "keys", None)
+            if keys is not None:
+                keys.ensure(state.store, pa.table({}))  # a fresh step learns its key types from the store
+            desc = describe(self.step)
+            if desc.key_schema is None:
+                raise ConfigError(f"step {self.step.name!r} has seen no rows yet, so its key types are unknown")
             tables = list(read(state.store.scan_range(b"", None), desc))
         finally:
+            state.store.discard_pending()  # reading never writes
             state.close(keep=True)
         schema = getattr(desc, schema_of)()
         return (pa.concat_tables([t.cast(schema) for t in tables]) if tables else schema.empty_table()).to_pandas()
@@ -402,12 +418,13 @@ class ProcessorTester:
         op = self.step
         if not isinstance(op, ProcessorOperator):
             raise ConfigError(f"step {op.name!r} is a {type(op).__name__}; peek at its state with state()")
-        fields = op.keys.fields()  # raises while the key types are unknown
-        values = key if isinstance(key, tuple) else (key,)
-        one = pa.table({f.name: pa.array([v], type=f.type) for f, v in zip(fields, values)})
-        group = key_groups(one, op.key_columns, self._max_parallelism)[0].as_py()
         state = self._open_state()
         try:
+            op.keys.ensure(state.store, pa.table({}))  # a fresh step learns its key types from the store
+            fields = op.keys.fields()  # raises while they are unknown (no rows yet)
+            values = key if isinstance(key, tuple) else (key,)
+            one = pa.table({f.name: pa.array([v], type=f.type) for f, v in zip(fields, values)})
+            group = key_groups(one, op.key_columns, self._max_parallelism)[0].as_py()
             handle = _PeekingHandle(state.store, op.name, op.time_mode)
             op._new_processor().init(handle)
             ProcessorOperator._enter(handle, group, encode_user_keys(one, op.key_columns)[0],
