@@ -63,7 +63,8 @@ def write_input(directory: Path) -> list[Path]:
     for i in range(FILES):
         ts = [i * 40_000 + rng.randrange(40_000) for _ in range(60)]
         late = [max(0, i * 40_000 - 60_000 + rng.randrange(10_000)) for _ in range(4)] if i >= 2 else []
-        keys = [rng.randrange(12) for _ in ts + late]
+        # Each file's on-time clicks come from keys 4i..4i+7: a key falls silent and its session closes.
+        keys = [rng.randrange(4 * i, 4 * i + 8) for _ in ts] + [rng.randrange(0, 4 * i) for _ in late]
         path = directory / f"clicks-{i:02d}.parquet"
         pq.write_table(pa.table({"key": pa.array(keys, pa.int64()), "ts": pa.array(ts + late, pa.int64())}), path)
         files.append(path)
