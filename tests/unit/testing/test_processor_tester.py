@@ -235,3 +235,29 @@ def test_a_tester_restored_from_snapshot_text_keeps_the_files_when_the_old_teste
     tester.process(EPOCHS[3])
     tester.finish()
     assert sorted(rows(tester.output)) == sessions_by_hand()
+
+
+class PageVisits(StatefulProcessor):
+    def init(self, handle):
+        self.visits = handle.getMapState("visits", "page STRING", "n BIGINT")
+
+    def handleInputRows(self, key, rows, timerValues):
+        for pdf in rows:
+            for page in pdf["page"]:
+                self.visits.updateValue((page,), ((self.visits.getValue((page,)) or (0,))[0] + 1,))
+        yield pd.DataFrame({"user": [key[0]], "device": [key[1]], "pages": [len(list(self.visits.keys()))]})
+
+
+def test_map_state_of_a_two_column_key_is_peeked_by_a_tuple_after_a_restore() -> None:
+    def step() -> ProcessorOperator:
+        return ProcessorOperator("visits", PageVisits, ["user", "device"], "user STRING, device BIGINT, pages BIGINT")
+
+    tester = ProcessorTester(step())
+    tester.process(pd.DataFrame({"user": ["ann", "ann", "ann", "bob"], "device": [1, 1, 2, 1],
+                                 "page": ["a", "b", "a", "a"]}))
+    tester = ProcessorTester.from_snapshot(step(), tester.snapshot())
+    out = tester.process(pd.DataFrame({"page": ["a", "c"]}), key=("ann", 1))
+    assert rows(out) == [("ann", 1, 3)]
+    assert tester.peek_map_state("visits", ("ann", 1)) == {("a",): (2,), ("b",): (1,), ("c",): (1,)}
+    assert tester.peek_map_state("visits", ("ann", 2)) == {("a",): (1,)}
+    assert tester.peek_map_state("visits", ("eve", 1)) == {}
