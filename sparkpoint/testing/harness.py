@@ -52,7 +52,7 @@ from sparkpoint.api.processor import ProcessorOperator, StatefulProcessorHandle
 from sparkpoint.api.state_schema import describe
 from sparkpoint.config import parse_duration_ms
 from sparkpoint.errors import ConfigError
-from sparkpoint.runtime.executor.state import SubtaskState, fresh_lineage
+from sparkpoint.runtime.executor.state import SubtaskState
 from sparkpoint.runtime.executor.storage import StorageRef
 from sparkpoint.runtime.executor.subtask import META_INFO, EpochTask, RestoreTask
 from sparkpoint.runtime.lineages import Lineages
