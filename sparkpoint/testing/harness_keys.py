@@ -15,71 +15,15 @@ import struct
 import zlib
 
 import pyarrow as pa
+import xxhash
 
-_MASK = (1 << 64) - 1
-P1 = 0x9E3779B185EBCA87
-P2 = 0xC2B2AE3D27D4EB4F
-P3 = 0x165667B19E3779F9
-P4 = 0x85EBCA77C2B2AE63
-P5 = 0x27D4EB2F165667C5
 SPARK_SEED = 42
 
 
-def _rotl(x: int, r: int) -> int:
-    return ((x << r) | (x >> (64 - r))) & _MASK
-
-
-def _fmix(h: int) -> int:
-    h ^= h >> 33
-    h = (h * P2) & _MASK
-    h ^= h >> 29
-    h = (h * P3) & _MASK
-    h ^= h >> 32
-    return h
-
-
-def _round(acc: int, lane: int) -> int:
-    acc = (acc + lane * P2) & _MASK
-    return (_rotl(acc, 31) * P1) & _MASK
-
-
-def _merge(h: int, acc: int) -> int:
-    h ^= _round(0, acc)
-    return (h * P1 + P4) & _MASK
-
-
 def xxh64(data: bytes, seed: int) -> int:
-    """XXH64 of `data` (unsigned 64-bit result)."""
-    seed &= _MASK
-    n = len(data)
-    i = 0
-    if n >= 32:
-        v1, v2, v3, v4 = (seed + P1 + P2) & _MASK, (seed + P2) & _MASK, seed, (seed - P1) & _MASK
-        while i + 32 <= n:
-            a, b, c, d = struct.unpack_from("<4Q", data, i)
-            v1, v2, v3, v4 = _round(v1, a), _round(v2, b), _round(v3, c), _round(v4, d)
-            i += 32
-        h = (_rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)) & _MASK
-        for v in (v1, v2, v3, v4):
-            h = _merge(h, v)
-    else:
-        h = (seed + P5) & _MASK
-    h = (h + n) & _MASK
-    while i + 8 <= n:
-        (k,) = struct.unpack_from("<Q", data, i)
-        h ^= _round(0, k)
-        h = (_rotl(h, 27) * P1 + P4) & _MASK
-        i += 8
-    if i + 4 <= n:
-        (k,) = struct.unpack_from("<I", data, i)
-        h ^= (k * P1) & _MASK
-        h = (_rotl(h, 23) * P2 + P3) & _MASK
-        i += 4
-    while i < n:
-        h ^= (data[i] * P5) & _MASK
-        h = (_rotl(h, 11) * P1) & _MASK
-        i += 1
-    return _fmix(h)
+    """XXH64 of `data` (unsigned 64-bit result); Spark chains column hashes through
+    the seed, and a chained seed may be any 64-bit value."""
+    return xxhash.xxh64_intdigest(data, seed=seed & 0xFFFFFFFFFFFFFFFF)
 
 
 def _spark_bytes(value, t: pa.DataType) -> bytes | None:
