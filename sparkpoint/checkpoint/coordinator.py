@@ -23,8 +23,10 @@ Lifecycle of one checkpoint
 4. Finalize, once every participant acked, in this order:
    a. write `_metadata` (exclusive create) - from here the checkpoint is durable;
       not started if the coordinator was suspended or shut down meanwhile;
-   b. add it to the completed store (which pushes out the oldest beyond retention);
-   c. abort older pending attempts (SUBSUMED), reset the failure count, record stats;
+   b. a checkpoint (never a savepoint) enters the completed store, which pushes out
+      the oldest beyond retention;
+   c. a checkpoint aborts older pending checkpoints (SUBSUMED; savepoints are never
+      subsumed), reset the failure count, record stats;
    d. `gateway.notify_complete` (sources commit offsets, sinks commit);
    e. only now delete the checkpoints pushed out in (b).
    A crash before (a) loses the attempt only; after (a) the checkpoint is restorable
@@ -375,9 +377,11 @@ class CheckpointCoordinator:
     def trigger_savepoint(self, target: str | None = None) -> Future[CompletedCheckpointData]:
         """A savepoint (Flink's semantics): forced (no min-pause, no max-concurrent check),
         written by the storage to `target` (its default place if None), and never
-        subsumed by a later periodic checkpoint: it completes even if a newer checkpoint
-        completed first. The future completes with its data; `data.properties.target`
-        says where it is."""
+        subsumed by a later checkpoint, periodic or forced: it completes even if a newer
+        checkpoint completed first. It never enters the completed store, so it does not
+        count against `num_retained` and a failover restores from the job's checkpoints,
+        not from it. The future completes with its data; `data.properties.target` says
+        where it is."""
         return self._trigger(CheckpointProperties(forced=True, periodic=False, savepoint=True, target=target))
 
     def _trigger(self, props: CheckpointProperties) -> Future[CompletedCheckpointData]:
@@ -651,14 +655,21 @@ class CheckpointCoordinator:
                 error: BaseException | None = None) -> bool:
         """A participant could not snapshot. Aborts the checkpoint and returns True, or
         returns False if the message is stale (the attempt is over or unknown): then
-        nothing changes and nothing is counted (seed 000)."""
+        nothing changes and nothing is counted (seed 000). A savepoint is never
+        subsumed: declining one as SUBSUMED changes nothing either (False)."""
         with self._lock:
             pending = self._pending.get(checkpoint_id)
+            refused = pending is not None and reason is R.SUBSUMED and pending.properties.savepoint
             if pending is None:
                 _, why = self._explain_unknown(checkpoint_id)
-            else:
+            elif not refused:
                 del self._pending[checkpoint_id]
                 pending.abort(reason)
+        if refused:
+            log.warning("%s declined savepoint %d of job %s as SUBSUMED; ignored: a savepoint is never "
+                        "subsumed, it stays pending until it is acknowledged, declined for another "
+                        "reason or expires", participant, checkpoint_id, self.job_name)
+            return False
         if pending is None:
             log.debug("decline of checkpoint %d by %s (%s) ignored: %s", checkpoint_id, participant,
                       reason.name, why)
@@ -736,7 +747,7 @@ class CheckpointCoordinator:
     def _finalize_in_order(self, pending: PendingCheckpoint) -> None:
         """Step 4, holding `_finalize_lock`."""
         checkpoint_id = pending.checkpoint_id
-        latest = self.completed_store.latest()
+        latest = self.completed_store.latest()  # checkpoints only
         if latest is not None and latest.checkpoint_id >= checkpoint_id and not pending.properties.savepoint:
             # A newer checkpoint completed while this one waited for the lock.
             self._after_abort(pending, R.SUBSUMED)
@@ -768,18 +779,20 @@ class CheckpointCoordinator:
         except Exception as e:
             self._after_abort(pending, R.FINALIZE_FAILED, e)
             return
-        # (b) A savepoint older than the latest checkpoint is not restored from on a
-        # failover (the newer checkpoint is); a newer one is, like any checkpoint: its
-        # handles name the job's own files, which the store's retention then keeps.
-        newest = self.completed_store.latest()
-        pushed_out = (self.completed_store.add(data)
-                      if newest is None or newest.checkpoint_id < checkpoint_id else [])
-        # (c)
+        # (b) Only checkpoints: a savepoint is self-contained, outside `chk-*`, and
+        # never what a failover restores from, so it neither counts against the
+        # retention of the job's checkpoints nor pushes one out (Flink's rule).
+        is_savepoint = pending.properties.savepoint
+        pushed_out = [] if is_savepoint else self.completed_store.add(data)
+        # (c) A completed checkpoint makes older checkpoints in flight unnecessary, never
+        # a savepoint (a person asked for it); a completed savepoint makes nothing
+        # unnecessary, as it is not restored from.
         with self._lock:
             self._last_completion_ms = completed_at
             self._latest_completed_id = max(self._latest_completed_id, checkpoint_id)
             self._remember(checkpoint_id, "completed")
-            older = [p for cid, p in self._pending.items() if cid < checkpoint_id]
+            older = [] if is_savepoint else [p for cid, p in self._pending.items()
+                                             if cid < checkpoint_id and not p.properties.savepoint]
             for p in older:
                 del self._pending[p.checkpoint_id]
                 p.abort(R.SUBSUMED)
