@@ -625,6 +625,7 @@ class CheckpointCoordinator:
         finalize = False
         why = ""
         late = False
+        aborted = False
         with self._lock:
             pending = self._pending.get(checkpoint_id)
             if pending is None:
@@ -632,12 +633,16 @@ class CheckpointCoordinator:
                 aborting = self._aborting.get(checkpoint_id)
                 # Its files are deleted with the aborted attempt's, once its writers stopped.
                 late = aborting is not None and aborting.record_late_ack(participant, handle)
+                aborted = late or self._recent.get(checkpoint_id, "").startswith("aborted")
             else:
                 result = pending.acknowledge(participant, handle, metrics)
                 if result is AckResult.SUCCESS and pending.is_fully_acknowledged:
                     finalize = self._take_for_finalize(pending)
         if result is AckResult.SUCCESS:
             self.stats.report_acknowledged(checkpoint_id, participant, self._scheduler.now_ms(), metrics)
+        elif aborted:
+            # Its snapshot was written all the same: the failed checkpoint's stats show it.
+            self.stats.report_late_acknowledged(checkpoint_id, participant, self._scheduler.now_ms(), metrics)
         if result is AckResult.DUPLICATE:
             log.debug("duplicate ack for checkpoint %d from %s ignored", checkpoint_id, participant)
         elif result is AckResult.UNKNOWN and pending is not None:

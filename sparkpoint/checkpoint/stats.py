@@ -145,16 +145,35 @@ class CheckpointStatsTracker:
                             metrics: Mapping[str, Any] | None = None) -> None:
         """One participant's part is durable. `metrics` as the participant sent them with
         its ack: `bytes` it wrote, `async_ms` its asynchronous part took."""
-        metrics = dict(metrics or {})
         with self._lock:
-            entry = self._entry(checkpoint_id)
-            entry["participants"][participant] = {
-                "ack_timestamp": ack_timestamp_ms,
-                "bytes": int(metrics.get("bytes", 0) or 0),
-                "async_ms": int(metrics["async_ms"]) if metrics.get("async_ms") is not None else None,
-                "metrics": metrics,
-            }
-            entry["latest_ack_timestamp"] = max(entry["latest_ack_timestamp"] or 0, ack_timestamp_ms)
+            self._record_ack(self._entry(checkpoint_id), participant, ack_timestamp_ms, metrics)
+
+    @staticmethod
+    def _record_ack(entry: dict[str, Any], participant: str, ack_timestamp_ms: int,
+                    metrics: Mapping[str, Any] | None) -> None:
+        """Under the lock."""
+        metrics = dict(metrics or {})
+        entry["participants"][participant] = {
+            "ack_timestamp": ack_timestamp_ms,
+            "bytes": int(metrics.get("bytes", 0) or 0),
+            "async_ms": int(metrics["async_ms"]) if metrics.get("async_ms") is not None else None,
+            "metrics": metrics,
+        }
+        entry["latest_ack_timestamp"] = max(entry["latest_ack_timestamp"] or 0, ack_timestamp_ms)
+
+    def report_late_acknowledged(self, checkpoint_id: int, participant: str, ack_timestamp_ms: int,
+                                 metrics: Mapping[str, Any] | None = None) -> None:
+        """An ack that arrived after its checkpoint was aborted: the snapshot was written
+        all the same, so the failed checkpoint's details show it and its state size
+        counts it (Flink reports such stats too). Changes nothing for a checkpoint not in
+        the history, nor for a participant already recorded."""
+        with self._lock:
+            entry = self._history.get(checkpoint_id)
+            if entry is None or participant in entry["participants"] or entry["status"] == "COMPLETED":
+                return
+            self._record_ack(entry, participant, ack_timestamp_ms, metrics)
+            if entry["status"] != "IN_PROGRESS":
+                entry["state_size"] = _acknowledged_bytes(entry)
 
     def report_completed(self, checkpoint_id: int, duration_ms: int, size_bytes: int,
                          completed_at_ms: int) -> None:
@@ -204,9 +223,11 @@ class CheckpointStatsTracker:
                 self._last_failed = {"id": checkpoint_id, "reason": reason.name,
                                      "failed_at_ms": failed_at_ms}
                 entry = self._entry(checkpoint_id)
+                # What its acks wrote is in checkpoint storage until the abort deletes it
+                # (Flink's FailedCheckpointStats keeps the state size too).
                 entry.update(status="ABORTED" if reason in _NOT_A_FAILURE else "FAILED",
                              failure_reason=reason.name, failure_message=reason.message,
-                             failure_timestamp=failed_at_ms)
+                             failure_timestamp=failed_at_ms, state_size=_acknowledged_bytes(entry))
                 if entry["trigger_timestamp"] is not None:
                     entry["end_to_end_duration"] = max(0, failed_at_ms - entry["trigger_timestamp"])
             in_progress = len(self._in_progress)
@@ -270,6 +291,10 @@ class CheckpointStatsTracker:
         with self._lock:
             entry = self._history.get(checkpoint_id)
             return _public(entry, with_participants=True) if entry is not None else None
+
+
+def _acknowledged_bytes(entry: dict[str, Any]) -> int:
+    return sum(p["bytes"] for p in entry["participants"].values())
 
 
 def _parts(entry: dict[str, Any]) -> tuple[int | None, int | None]:
