@@ -47,7 +47,10 @@ futures are never called while holding it (scheduler calls and the stats tracker
 `report_triggered` are: schedulers never run a timer inline, stats only observe).
 The trigger turn (`_acquire_trigger_turn`, a condition on `_lock`) serializes step 2 so
 ids reach the participants in order; a trigger waiting for its turn gives up when it
-expires. `_finalize_lock` serializes step 4 so completions are recorded in id order.
+expires. A trigger that expires (or is aborted) while it holds the turn, stuck in a
+storage call, hands the turn on at once: it can never reach the participants, so the
+next trigger goes ahead, and the stuck thread, once storage answers, only cleans up.
+`_finalize_lock` serializes step 4 so completions are recorded in id order.
 Order: trigger turn, then `_finalize_lock` (only when a gateway acks synchronously
 inside `trigger`), then `_lock`. Callbacks the coordinator calls (`fail_job`, alarm
 listeners, gateway methods) may call back into it - stop, suspend, shut down, ack,
@@ -176,10 +179,15 @@ class CheckpointCoordinator:
 
         self._lock = threading.Lock()
         # The trigger turn: one trigger talks to storage and the gateway at a time.
-        # Re-entrant per thread (owner and depth).
+        # Re-entrant per thread (owner and depth). `_turn_holder` is the attempt that took
+        # it; if that attempt ends before it is registered (expired or aborted while
+        # storage hangs), the turn passes on at once and `_turn_generation` moves, so the
+        # stalled thread's late release changes nothing.
         self._trigger_turn = threading.Condition(self._lock)
         self._trigger_owner: int | None = None
         self._trigger_depth = 0
+        self._turn_holder: _TriggerAttempt | None = None
+        self._turn_generation = 0
         # Re-entrant: a gateway may answer synchronously from inside a call we make
         # while holding it (e.g. ack inside `trigger`, which may finalize).
         self._finalize_lock = threading.RLock()
@@ -411,12 +419,13 @@ class CheckpointCoordinator:
                 self._refuse(R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"not running: {shown}", attempt.future)
             return attempt.future
 
-        if not self._acquire_trigger_turn(attempt):
+        turn = self._acquire_trigger_turn(attempt)
+        if turn is None:
             return attempt.future  # expired or aborted while waiting; already reported
         try:
             pending = self._start(attempt, participants)
         finally:
-            self._release_trigger_turn()
+            self._release_trigger_turn(turn)
         if pending is not None and not participants:
             self._finalize_if_complete(pending)
         return attempt.future
@@ -487,25 +496,46 @@ class CheckpointCoordinator:
             self._abort_if_pending(pending, R.TRIGGER_FAILED, failure)
         return pending
 
-    def _acquire_trigger_turn(self, attempt: _TriggerAttempt) -> bool:
-        """Wait for the trigger turn. False if the attempt ended (expired, aborted) first."""
+    def _acquire_trigger_turn(self, attempt: _TriggerAttempt) -> int | None:
+        """Wait for the trigger turn; the token to release it with. None if the attempt
+        ended (expired, aborted) first."""
         me = threading.get_ident()
         with self._lock:
             while True:
                 if attempt not in self._triggering:
-                    return False
+                    return None
                 if self._trigger_owner is None or self._trigger_owner == me:
-                    self._trigger_owner = me
+                    if self._trigger_owner is None:
+                        self._trigger_owner = me
+                        self._turn_holder = attempt
+                        self._turn_generation += 1
                     self._trigger_depth += 1
-                    return True
+                    return self._turn_generation
                 self._trigger_turn.wait()
 
-    def _release_trigger_turn(self) -> None:
+    def _release_trigger_turn(self, turn: int) -> None:
         with self._lock:
+            if turn != self._turn_generation:
+                return  # passed on while this thread was stuck in storage
             self._trigger_depth -= 1
             if self._trigger_depth == 0:
-                self._trigger_owner = None
-                self._trigger_turn.notify_all()
+                self._free_trigger_turn()
+
+    def _free_trigger_turn(self) -> None:
+        """Call with `_lock` held."""
+        self._trigger_owner = None
+        self._trigger_depth = 0
+        self._turn_holder = None
+        self._trigger_turn.notify_all()
+
+    def _pass_trigger_turn_on(self, ended: _TriggerAttempt) -> None:
+        """`ended` will never reach the participants (it expired or was aborted before it
+        was registered). If it holds the turn, its thread is stuck in storage: the turn
+        goes to the next trigger now, instead of every later trigger expiring behind it
+        until storage answers. Call with `_lock` held."""
+        if self._turn_holder is ended:
+            self._turn_generation += 1
+            self._free_trigger_turn()
 
     def _take_attempt(self, attempt: _TriggerAttempt) -> bool:
         """True if the caller ends `attempt` (it was still triggering): then the caller
@@ -516,6 +546,7 @@ class CheckpointCoordinator:
             self._triggering.discard(attempt)
             if attempt.expiry is not None:
                 attempt.expiry.cancel()
+            self._pass_trigger_turn_on(attempt)
             self._trigger_turn.notify_all()
             self._trigger_queued_request()  # it held a place among those in flight
             return True
@@ -528,6 +559,7 @@ class CheckpointCoordinator:
             attempt.ended = reason
             if attempt.expiry is not None:
                 attempt.expiry.cancel()
+            self._pass_trigger_turn_on(attempt)
         self._trigger_turn.notify_all()
         return taken
 
@@ -572,7 +604,9 @@ class CheckpointCoordinator:
             except Exception as e:
                 _unexpected(e, "the checkpoint id counter", self.job_name)
                 raise _StartFailed(None, R.IO_EXCEPTION, e) from e
-            self._set_stage(attempt, f"checkpoint storage to create chk-{checkpoint_id}/", checkpoint_id)
+            if not self._set_stage(attempt, f"checkpoint storage to create chk-{checkpoint_id}/",
+                                   checkpoint_id):
+                return None  # the counter answered after the deadline: the id stays unused
             try:
                 if attempt.props.savepoint:
                     return checkpoint_id, self._initialize_savepoint(checkpoint_id, attempt.props.target)
@@ -689,6 +723,7 @@ class CheckpointCoordinator:
             if attempt in self._triggering:
                 self._triggering.discard(attempt)
                 attempt.ended = R.EXPIRED
+                self._pass_trigger_turn_on(attempt)
                 self._trigger_turn.notify_all()
                 pending = None
             else:
