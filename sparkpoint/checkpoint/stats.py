@@ -150,11 +150,12 @@ class CheckpointStatsTracker:
 
     @staticmethod
     def _record_ack(entry: dict[str, Any], participant: str, ack_timestamp_ms: int,
-                    metrics: Mapping[str, Any] | None) -> None:
+                    metrics: Mapping[str, Any] | None, late: bool = False) -> None:
         """Under the lock."""
         metrics = dict(metrics or {})
         entry["participants"][participant] = {
             "ack_timestamp": ack_timestamp_ms,
+            "late": late,
             "bytes": int(metrics.get("bytes", 0) or 0),
             "async_ms": int(metrics["async_ms"]) if metrics.get("async_ms") is not None else None,
             "metrics": metrics,
@@ -165,13 +166,14 @@ class CheckpointStatsTracker:
                                  metrics: Mapping[str, Any] | None = None) -> None:
         """An ack that arrived after its checkpoint was aborted: the snapshot was written
         all the same, so the failed checkpoint's details show it and its state size
-        counts it (Flink reports such stats too). Changes nothing for a checkpoint not in
-        the history, nor for a participant already recorded."""
+        counts it (Flink reports such stats too); it is shown as late and not counted in
+        `num_acknowledged`. Changes nothing for a checkpoint not in the history, nor for a
+        participant already recorded."""
         with self._lock:
             entry = self._history.get(checkpoint_id)
             if entry is None or participant in entry["participants"] or entry["status"] == "COMPLETED":
                 return
-            self._record_ack(entry, participant, ack_timestamp_ms, metrics)
+            self._record_ack(entry, participant, ack_timestamp_ms, metrics, late=True)
             if entry["status"] != "IN_PROGRESS":
                 entry["state_size"] = _acknowledged_bytes(entry)
 
@@ -311,14 +313,14 @@ def _parts(entry: dict[str, Any]) -> tuple[int | None, int | None]:
 
 def _public(entry: dict[str, Any], with_participants: bool) -> dict[str, Any]:
     out = {k: v for k, v in entry.items() if k != "participants"}
-    out["num_acknowledged"] = len(entry["participants"])
+    out["num_acknowledged"] = sum(1 for p in entry["participants"].values() if not p["late"])
     if with_participants:
         trigger = entry.get("trigger_timestamp")
         out["participants"] = [
             {"id": name, "ack_timestamp": p["ack_timestamp"], "bytes": p["bytes"],
              "sync_duration": (max(0, p["ack_timestamp"] - trigger - (p["async_ms"] or 0))
                                if trigger is not None else None),
-             "async_duration": p["async_ms"] or 0,
+             "async_duration": p["async_ms"] or 0, "late": p["late"],
              "end_to_end_duration": (p["ack_timestamp"] - trigger) if trigger is not None else None}
             for name, p in sorted(entry["participants"].items())]
     return out
