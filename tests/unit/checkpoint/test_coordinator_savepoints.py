@@ -141,3 +141,16 @@ def test_a_savepoint_never_causes_a_retained_checkpoint_to_be_deleted_later():
     h.complete(h.trigger())
     assert [cid for cid, _ in h.storage.discarded_completed] == [1]
     assert _retained(h) == [3, 4]
+
+
+def test_concurrent_savepoints_are_not_limited_by_max_concurrent():
+    """Flink's testConcurrentSavepoints: with one concurrent checkpoint allowed, five
+    savepoints are all in flight at once and all complete, in any order."""
+    h = _harness(max_concurrent=1)
+    savepoints = [h.coordinator.trigger_savepoint(f"mem://sp/{n}") for n in range(5)]
+    assert h.coordinator.pending_checkpoint_ids() == [1, 2, 3, 4, 5]
+    for checkpoint_id in (5, 3, 1, 4, 2):
+        h.ack_all(checkpoint_id)
+    assert [f.result(0).checkpoint_id for f in savepoints] == [1, 2, 3, 4, 5]
+    assert sorted(h.storage.savepoints) == [f"mem://sp/{n}" for n in range(5)]
+    assert _retained(h) == [] and h.failures() == {}
