@@ -452,7 +452,7 @@ class CheckpointCoordinator:
                          summarize_error(f.error))
             return None
         if allocated is None:
-            return None  # ended before an id was taken
+            return None  # ended before its directory was asked for; already reported
         checkpoint_id, location = allocated
         with self._lock:
             started = attempt in self._triggering
@@ -591,7 +591,8 @@ class CheckpointCoordinator:
             return attempt.ended is None
 
     def _allocate_location(self, attempt: _TriggerAttempt) -> tuple[int, CheckpointLocation] | None:
-        """A fresh id and its directory; None if the attempt ended before an id was taken.
+        """A fresh id and its directory; None if the attempt ended (expired, aborted) before
+        its directory was asked for.
         Raises _StartFailed."""
         collided: tuple[int, BaseException] | None = None
         for _ in range(MAX_ID_ATTEMPTS):
