@@ -141,7 +141,8 @@ class SavepointStorage(StallingStorage):
     def initialize_savepoint_location(self, checkpoint_id: int, target: str | None) -> InMemorySavepointLocation:
         self._before("initialize_savepoint_location")
         self.events.append(("initialize_savepoint_location", checkpoint_id))
-        return InMemorySavepointLocation(checkpoint_id, target or f"mem://job/savepoints/savepoint-{checkpoint_id}")
+        default = f"mem://job/savepoints/savepoint-{checkpoint_id}"
+        return InMemorySavepointLocation(checkpoint_id, target or default)
 
     def commit_metadata(self, location: Any, data: CompletedCheckpointData) -> None:
         if not isinstance(location, InMemorySavepointLocation):
