@@ -498,13 +498,15 @@ class CheckpointCoordinator:
 
     def _acquire_trigger_turn(self, attempt: _TriggerAttempt) -> int | None:
         """Wait for the trigger turn; the token to release it with. None if the attempt
-        ended (expired, aborted) first."""
+        ended (expired, aborted) first. An attempt whose deadline has passed does not take
+        a free turn: its expiry is due, and storage work for it would be thrown away."""
         me = threading.get_ident()
         with self._lock:
             while True:
                 if attempt not in self._triggering:
                     return None
-                if self._trigger_owner is None or self._trigger_owner == me:
+                due = attempt.started_ms + self.config.timeout_ms <= self._scheduler.now_ms()
+                if self._trigger_owner == me or (self._trigger_owner is None and not due):
                     if self._trigger_owner is None:
                         self._trigger_owner = me
                         self._turn_holder = attempt
