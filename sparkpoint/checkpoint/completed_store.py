@@ -1,4 +1,6 @@
-"""The completed checkpoints this job keeps: a bounded LIFO, newest last."""
+"""The completed checkpoints this job keeps: a bounded LIFO, newest last. Savepoints
+never enter it: they are not restored from on a failover and are not subject to
+retention (docs/savepoints.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,11 @@ class CompletedCheckpointStore:
 
     def add(self, checkpoint: CompletedCheckpointData) -> list[CompletedCheckpointData]:
         """Add the newest checkpoint; return the subsumed ones, oldest first.
-        Raises ValueError if it is not newer than the latest: ids only go up."""
+        Raises ValueError if it is not newer than the latest (ids only go up), or if it
+        is a savepoint (it would push a checkpoint out of retention)."""
+        if checkpoint.properties.savepoint:
+            raise ValueError(f"savepoint {checkpoint.checkpoint_id} cannot enter the completed "
+                             "checkpoint store: savepoints do not count against checkpoint retention")
         with self._lock:
             if self._checkpoints and checkpoint.checkpoint_id <= self._checkpoints[-1].checkpoint_id:
                 raise ValueError(
@@ -41,8 +47,9 @@ class CompletedCheckpointStore:
     def recover(self, checkpoints: Iterable[CompletedCheckpointData]) -> None:
         """Replace the contents with what storage holds. All are kept, even beyond
         `num_retained`: if the latest turns out unusable on restore, the runtime falls
-        back to an older one. The next `add` trims to `num_retained`."""
-        ordered = sorted(checkpoints, key=lambda c: c.checkpoint_id)
+        back to an older one. The next `add` trims to `num_retained`. Savepoints among
+        them are left out."""
+        ordered = sorted((c for c in checkpoints if not c.properties.savepoint), key=lambda c: c.checkpoint_id)
         with self._lock:
             self._checkpoints = ordered
 

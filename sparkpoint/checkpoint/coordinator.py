@@ -23,8 +23,10 @@ Lifecycle of one checkpoint
 4. Finalize, once every participant acked, in this order:
    a. write `_metadata` (exclusive create) - from here the checkpoint is durable;
       not started if the coordinator was suspended or shut down meanwhile;
-   b. add it to the completed store (which pushes out the oldest beyond retention);
-   c. abort older pending attempts (SUBSUMED), reset the failure count, record stats;
+   b. a checkpoint (never a savepoint) enters the completed store, which pushes out
+      the oldest beyond retention;
+   c. a checkpoint aborts older pending checkpoints (SUBSUMED; savepoints are never
+      subsumed), reset the failure count, record stats;
    d. `gateway.notify_complete` (sources commit offsets, sinks commit);
    e. only now delete the checkpoints pushed out in (b).
    A crash before (a) loses the attempt only; after (a) the checkpoint is restorable
@@ -45,7 +47,10 @@ futures are never called while holding it (scheduler calls and the stats tracker
 `report_triggered` are: schedulers never run a timer inline, stats only observe).
 The trigger turn (`_acquire_trigger_turn`, a condition on `_lock`) serializes step 2 so
 ids reach the participants in order; a trigger waiting for its turn gives up when it
-expires. `_finalize_lock` serializes step 4 so completions are recorded in id order.
+expires. A trigger that expires (or is aborted) while it holds the turn, stuck in a
+storage call, hands the turn on at once: it can never reach the participants, so the
+next trigger goes ahead, and the stuck thread, once storage answers, only cleans up.
+`_finalize_lock` serializes step 4 so completions are recorded in id order.
 Order: trigger turn, then `_finalize_lock` (only when a gateway acks synchronously
 inside `trigger`), then `_lock`. Callbacks the coordinator calls (`fail_job`, alarm
 listeners, gateway methods) may call back into it - stop, suspend, shut down, ack,
@@ -174,10 +179,15 @@ class CheckpointCoordinator:
 
         self._lock = threading.Lock()
         # The trigger turn: one trigger talks to storage and the gateway at a time.
-        # Re-entrant per thread (owner and depth).
+        # Re-entrant per thread (owner and depth). `_turn_holder` is the attempt that took
+        # it; if that attempt ends before it is registered (expired or aborted while
+        # storage hangs), the turn passes on at once and `_turn_generation` moves, so the
+        # stalled thread's late release changes nothing.
         self._trigger_turn = threading.Condition(self._lock)
         self._trigger_owner: int | None = None
         self._trigger_depth = 0
+        self._turn_holder: _TriggerAttempt | None = None
+        self._turn_generation = 0
         # Re-entrant: a gateway may answer synchronously from inside a call we make
         # while holding it (e.g. ack inside `trigger`, which may finalize).
         self._finalize_lock = threading.RLock()
@@ -375,9 +385,11 @@ class CheckpointCoordinator:
     def trigger_savepoint(self, target: str | None = None) -> Future[CompletedCheckpointData]:
         """A savepoint (Flink's semantics): forced (no min-pause, no max-concurrent check),
         written by the storage to `target` (its default place if None), and never
-        subsumed by a later periodic checkpoint: it completes even if a newer checkpoint
-        completed first. The future completes with its data; `data.properties.target`
-        says where it is."""
+        subsumed by a later checkpoint, periodic or forced: it completes even if a newer
+        checkpoint completed first. It never enters the completed store, so it does not
+        count against `num_retained` and a failover restores from the job's checkpoints,
+        not from it. The future completes with its data; `data.properties.target` says
+        where it is."""
         return self._trigger(CheckpointProperties(forced=True, periodic=False, savepoint=True, target=target))
 
     def _trigger(self, props: CheckpointProperties) -> Future[CompletedCheckpointData]:
@@ -407,12 +419,13 @@ class CheckpointCoordinator:
                 self._refuse(R.NOT_ALL_REQUIRED_TASKS_RUNNING, f"not running: {shown}", attempt.future)
             return attempt.future
 
-        if not self._acquire_trigger_turn(attempt):
+        turn = self._acquire_trigger_turn(attempt)
+        if turn is None:
             return attempt.future  # expired or aborted while waiting; already reported
         try:
             pending = self._start(attempt, participants)
         finally:
-            self._release_trigger_turn()
+            self._release_trigger_turn(turn)
         if pending is not None and not participants:
             self._finalize_if_complete(pending)
         return attempt.future
@@ -439,7 +452,7 @@ class CheckpointCoordinator:
                          summarize_error(f.error))
             return None
         if allocated is None:
-            return None  # ended before an id was taken
+            return None  # ended before its directory was asked for; already reported
         checkpoint_id, location = allocated
         with self._lock:
             started = attempt in self._triggering
@@ -483,25 +496,48 @@ class CheckpointCoordinator:
             self._abort_if_pending(pending, R.TRIGGER_FAILED, failure)
         return pending
 
-    def _acquire_trigger_turn(self, attempt: _TriggerAttempt) -> bool:
-        """Wait for the trigger turn. False if the attempt ended (expired, aborted) first."""
+    def _acquire_trigger_turn(self, attempt: _TriggerAttempt) -> int | None:
+        """Wait for the trigger turn; the token to release it with. None if the attempt
+        ended (expired, aborted) first. An attempt whose deadline has passed does not take
+        a free turn: its expiry is due, and storage work for it would be thrown away."""
         me = threading.get_ident()
         with self._lock:
             while True:
                 if attempt not in self._triggering:
-                    return False
-                if self._trigger_owner is None or self._trigger_owner == me:
-                    self._trigger_owner = me
+                    return None
+                due = attempt.started_ms + self.config.timeout_ms <= self._scheduler.now_ms()
+                if self._trigger_owner == me or (self._trigger_owner is None and not due):
+                    if self._trigger_owner is None:
+                        self._trigger_owner = me
+                        self._turn_holder = attempt
+                        self._turn_generation += 1
                     self._trigger_depth += 1
-                    return True
+                    return self._turn_generation
                 self._trigger_turn.wait()
 
-    def _release_trigger_turn(self) -> None:
+    def _release_trigger_turn(self, turn: int) -> None:
         with self._lock:
+            if turn != self._turn_generation:
+                return  # passed on while this thread was stuck in storage
             self._trigger_depth -= 1
             if self._trigger_depth == 0:
-                self._trigger_owner = None
-                self._trigger_turn.notify_all()
+                self._free_trigger_turn()
+
+    def _free_trigger_turn(self) -> None:
+        """Call with `_lock` held."""
+        self._trigger_owner = None
+        self._trigger_depth = 0
+        self._turn_holder = None
+        self._trigger_turn.notify_all()
+
+    def _pass_trigger_turn_on(self, ended: _TriggerAttempt) -> None:
+        """`ended` will never reach the participants (it expired or was aborted before it
+        was registered). If it holds the turn, its thread is stuck in storage: the turn
+        goes to the next trigger now, instead of every later trigger expiring behind it
+        until storage answers. Call with `_lock` held."""
+        if self._turn_holder is ended:
+            self._turn_generation += 1
+            self._free_trigger_turn()
 
     def _take_attempt(self, attempt: _TriggerAttempt) -> bool:
         """True if the caller ends `attempt` (it was still triggering): then the caller
@@ -512,6 +548,7 @@ class CheckpointCoordinator:
             self._triggering.discard(attempt)
             if attempt.expiry is not None:
                 attempt.expiry.cancel()
+            self._pass_trigger_turn_on(attempt)
             self._trigger_turn.notify_all()
             self._trigger_queued_request()  # it held a place among those in flight
             return True
@@ -524,6 +561,7 @@ class CheckpointCoordinator:
             attempt.ended = reason
             if attempt.expiry is not None:
                 attempt.expiry.cancel()
+            self._pass_trigger_turn_on(attempt)
         self._trigger_turn.notify_all()
         return taken
 
@@ -555,7 +593,8 @@ class CheckpointCoordinator:
             return attempt.ended is None
 
     def _allocate_location(self, attempt: _TriggerAttempt) -> tuple[int, CheckpointLocation] | None:
-        """A fresh id and its directory; None if the attempt ended before an id was taken.
+        """A fresh id and its directory; None if the attempt ended (expired, aborted) before
+        its directory was asked for.
         Raises _StartFailed."""
         collided: tuple[int, BaseException] | None = None
         for _ in range(MAX_ID_ATTEMPTS):
@@ -568,7 +607,9 @@ class CheckpointCoordinator:
             except Exception as e:
                 _unexpected(e, "the checkpoint id counter", self.job_name)
                 raise _StartFailed(None, R.IO_EXCEPTION, e) from e
-            self._set_stage(attempt, f"checkpoint storage to create chk-{checkpoint_id}/", checkpoint_id)
+            if not self._set_stage(attempt, f"checkpoint storage to create chk-{checkpoint_id}/",
+                                   checkpoint_id):
+                return None  # the counter answered after the deadline: the id stays unused
             try:
                 if attempt.props.savepoint:
                     return checkpoint_id, self._initialize_savepoint(checkpoint_id, attempt.props.target)
@@ -621,6 +662,7 @@ class CheckpointCoordinator:
         finalize = False
         why = ""
         late = False
+        aborted = False
         with self._lock:
             pending = self._pending.get(checkpoint_id)
             if pending is None:
@@ -628,12 +670,16 @@ class CheckpointCoordinator:
                 aborting = self._aborting.get(checkpoint_id)
                 # Its files are deleted with the aborted attempt's, once its writers stopped.
                 late = aborting is not None and aborting.record_late_ack(participant, handle)
+                aborted = late or self._recent.get(checkpoint_id, "").startswith("aborted")
             else:
                 result = pending.acknowledge(participant, handle, metrics)
                 if result is AckResult.SUCCESS and pending.is_fully_acknowledged:
                     finalize = self._take_for_finalize(pending)
         if result is AckResult.SUCCESS:
             self.stats.report_acknowledged(checkpoint_id, participant, self._scheduler.now_ms(), metrics)
+        elif aborted:
+            # Its snapshot was written all the same: the failed checkpoint's stats show it.
+            self.stats.report_late_acknowledged(checkpoint_id, participant, self._scheduler.now_ms(), metrics)
         if result is AckResult.DUPLICATE:
             log.debug("duplicate ack for checkpoint %d from %s ignored", checkpoint_id, participant)
         elif result is AckResult.UNKNOWN and pending is not None:
@@ -651,14 +697,21 @@ class CheckpointCoordinator:
                 error: BaseException | None = None) -> bool:
         """A participant could not snapshot. Aborts the checkpoint and returns True, or
         returns False if the message is stale (the attempt is over or unknown): then
-        nothing changes and nothing is counted (seed 000)."""
+        nothing changes and nothing is counted (seed 000). A savepoint is never
+        subsumed: declining one as SUBSUMED changes nothing either (False)."""
         with self._lock:
             pending = self._pending.get(checkpoint_id)
+            refused = pending is not None and reason is R.SUBSUMED and pending.properties.savepoint
             if pending is None:
                 _, why = self._explain_unknown(checkpoint_id)
-            else:
+            elif not refused:
                 del self._pending[checkpoint_id]
                 pending.abort(reason)
+        if refused:
+            log.warning("%s declined savepoint %d of job %s as SUBSUMED; ignored: a savepoint is never "
+                        "subsumed, it stays pending until it is acknowledged, declined for another "
+                        "reason or expires", participant, checkpoint_id, self.job_name)
+            return False
         if pending is None:
             log.debug("decline of checkpoint %d by %s (%s) ignored: %s", checkpoint_id, participant,
                       reason.name, why)
@@ -673,6 +726,7 @@ class CheckpointCoordinator:
             if attempt in self._triggering:
                 self._triggering.discard(attempt)
                 attempt.ended = R.EXPIRED
+                self._pass_trigger_turn_on(attempt)
                 self._trigger_turn.notify_all()
                 pending = None
             else:
@@ -736,7 +790,7 @@ class CheckpointCoordinator:
     def _finalize_in_order(self, pending: PendingCheckpoint) -> None:
         """Step 4, holding `_finalize_lock`."""
         checkpoint_id = pending.checkpoint_id
-        latest = self.completed_store.latest()
+        latest = self.completed_store.latest()  # checkpoints only
         if latest is not None and latest.checkpoint_id >= checkpoint_id and not pending.properties.savepoint:
             # A newer checkpoint completed while this one waited for the lock.
             self._after_abort(pending, R.SUBSUMED)
@@ -768,18 +822,20 @@ class CheckpointCoordinator:
         except Exception as e:
             self._after_abort(pending, R.FINALIZE_FAILED, e)
             return
-        # (b) A savepoint older than the latest checkpoint is not restored from on a
-        # failover (the newer checkpoint is); a newer one is, like any checkpoint: its
-        # handles name the job's own files, which the store's retention then keeps.
-        newest = self.completed_store.latest()
-        pushed_out = (self.completed_store.add(data)
-                      if newest is None or newest.checkpoint_id < checkpoint_id else [])
-        # (c)
+        # (b) Only checkpoints: a savepoint is self-contained, outside `chk-*`, and
+        # never what a failover restores from, so it neither counts against the
+        # retention of the job's checkpoints nor pushes one out (Flink's rule).
+        is_savepoint = pending.properties.savepoint
+        pushed_out = [] if is_savepoint else self.completed_store.add(data)
+        # (c) A completed checkpoint makes older checkpoints in flight unnecessary, never
+        # a savepoint (a person asked for it); a completed savepoint makes nothing
+        # unnecessary, as it is not restored from.
         with self._lock:
             self._last_completion_ms = completed_at
             self._latest_completed_id = max(self._latest_completed_id, checkpoint_id)
             self._remember(checkpoint_id, "completed")
-            older = [p for cid, p in self._pending.items() if cid < checkpoint_id]
+            older = [] if is_savepoint else [p for cid, p in self._pending.items()
+                                             if cid < checkpoint_id and not p.properties.savepoint]
             for p in older:
                 del self._pending[p.checkpoint_id]
                 p.abort(R.SUBSUMED)

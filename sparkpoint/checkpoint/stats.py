@@ -145,16 +145,37 @@ class CheckpointStatsTracker:
                             metrics: Mapping[str, Any] | None = None) -> None:
         """One participant's part is durable. `metrics` as the participant sent them with
         its ack: `bytes` it wrote, `async_ms` its asynchronous part took."""
-        metrics = dict(metrics or {})
         with self._lock:
-            entry = self._entry(checkpoint_id)
-            entry["participants"][participant] = {
-                "ack_timestamp": ack_timestamp_ms,
-                "bytes": int(metrics.get("bytes", 0) or 0),
-                "async_ms": int(metrics["async_ms"]) if metrics.get("async_ms") is not None else None,
-                "metrics": metrics,
-            }
-            entry["latest_ack_timestamp"] = max(entry["latest_ack_timestamp"] or 0, ack_timestamp_ms)
+            self._record_ack(self._entry(checkpoint_id), participant, ack_timestamp_ms, metrics)
+
+    @staticmethod
+    def _record_ack(entry: dict[str, Any], participant: str, ack_timestamp_ms: int,
+                    metrics: Mapping[str, Any] | None, late: bool = False) -> None:
+        """Under the lock."""
+        metrics = dict(metrics or {})
+        entry["participants"][participant] = {
+            "ack_timestamp": ack_timestamp_ms,
+            "late": late,
+            "bytes": int(metrics.get("bytes", 0) or 0),
+            "async_ms": int(metrics["async_ms"]) if metrics.get("async_ms") is not None else None,
+            "metrics": metrics,
+        }
+        entry["latest_ack_timestamp"] = max(entry["latest_ack_timestamp"] or 0, ack_timestamp_ms)
+
+    def report_late_acknowledged(self, checkpoint_id: int, participant: str, ack_timestamp_ms: int,
+                                 metrics: Mapping[str, Any] | None = None) -> None:
+        """An ack that arrived after its checkpoint was aborted: the snapshot was written
+        all the same, so the failed checkpoint's details show it and its state size
+        counts it (Flink reports such stats too); it is shown as late and not counted in
+        `num_acknowledged`. Changes nothing for a checkpoint not in the history, nor for a
+        participant already recorded."""
+        with self._lock:
+            entry = self._history.get(checkpoint_id)
+            if entry is None or participant in entry["participants"] or entry["status"] == "COMPLETED":
+                return
+            self._record_ack(entry, participant, ack_timestamp_ms, metrics, late=True)
+            if entry["status"] != "IN_PROGRESS":
+                entry["state_size"] = _acknowledged_bytes(entry)
 
     def report_completed(self, checkpoint_id: int, duration_ms: int, size_bytes: int,
                          completed_at_ms: int) -> None:
@@ -204,9 +225,11 @@ class CheckpointStatsTracker:
                 self._last_failed = {"id": checkpoint_id, "reason": reason.name,
                                      "failed_at_ms": failed_at_ms}
                 entry = self._entry(checkpoint_id)
+                # What its acks wrote is in checkpoint storage until the abort deletes it
+                # (Flink's FailedCheckpointStats keeps the state size too).
                 entry.update(status="ABORTED" if reason in _NOT_A_FAILURE else "FAILED",
                              failure_reason=reason.name, failure_message=reason.message,
-                             failure_timestamp=failed_at_ms)
+                             failure_timestamp=failed_at_ms, state_size=_acknowledged_bytes(entry))
                 if entry["trigger_timestamp"] is not None:
                     entry["end_to_end_duration"] = max(0, failed_at_ms - entry["trigger_timestamp"])
             in_progress = len(self._in_progress)
@@ -272,6 +295,10 @@ class CheckpointStatsTracker:
             return _public(entry, with_participants=True) if entry is not None else None
 
 
+def _acknowledged_bytes(entry: dict[str, Any]) -> int:
+    return sum(p["bytes"] for p in entry["participants"].values())
+
+
 def _parts(entry: dict[str, Any]) -> tuple[int | None, int | None]:
     """The slowest participant's synchronous part (trigger to the start of its
     asynchronous part, or to its ack) and the longest asynchronous part."""
@@ -286,14 +313,14 @@ def _parts(entry: dict[str, Any]) -> tuple[int | None, int | None]:
 
 def _public(entry: dict[str, Any], with_participants: bool) -> dict[str, Any]:
     out = {k: v for k, v in entry.items() if k != "participants"}
-    out["num_acknowledged"] = len(entry["participants"])
+    out["num_acknowledged"] = sum(1 for p in entry["participants"].values() if not p["late"])
     if with_participants:
         trigger = entry.get("trigger_timestamp")
         out["participants"] = [
             {"id": name, "ack_timestamp": p["ack_timestamp"], "bytes": p["bytes"],
              "sync_duration": (max(0, p["ack_timestamp"] - trigger - (p["async_ms"] or 0))
                                if trigger is not None else None),
-             "async_duration": p["async_ms"] or 0,
+             "async_duration": p["async_ms"] or 0, "late": p["late"],
              "end_to_end_duration": (p["ack_timestamp"] - trigger) if trigger is not None else None}
             for name, p in sorted(entry["participants"].items())]
     return out

@@ -59,7 +59,7 @@ from sparkpoint.runtime.failures import summarize as _summary
 from sparkpoint.runtime.gateway import RuntimeGateway
 from sparkpoint.runtime.restart import restart_strategy_from
 from sparkpoint.runtime.restore import RestoreSteps
-from sparkpoint.runtime.savepoints import SavepointSteps
+from sparkpoint.runtime.savepoints import SavepointSteps, one_savepoint_at_a_time
 from sparkpoint.runtime.snapshots import SnapshotSteps
 from sparkpoint.runtime.spark import get_or_create_spark
 from sparkpoint.runtime.stage import run_epoch
@@ -488,11 +488,11 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         return plan, planned, self.source.plan_size(plan)
 
     def _run_one_epoch(self, plan, final: bool) -> None:
-        barriers = self.gateway.take_barriers()
+        barriers = self.gateway.take_barriers(one_savepoint_at_a_time())
         checkpoint_id = barriers[-1].checkpoint_id if barriers else None
-        # Several barriers between two boundaries share one snapshot; the older ones are
-        # subsumed by the newest (declined as not counted), except the newest savepoint,
-        # which a person asked for: it is carried too.
+        # Several barriers between two boundaries share one snapshot; the older
+        # checkpoints are subsumed by the newest (declined as not counted). A savepoint
+        # is never subsumed: the oldest one is carried too, later ones by later epochs.
         savepoint = next((b for b in reversed(barriers) if b.properties.savepoint), None)
         carried = [b for b in barriers if b is savepoint or b is barriers[-1]]
         for older in barriers:

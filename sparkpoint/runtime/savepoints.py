@@ -18,8 +18,10 @@ import logging
 import queue
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Callable
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
+from sparkpoint.runtime.gateway import Barrier
 from sparkpoint.runtime.failures import summarize as _summary
 
 log = logging.getLogger("sparkpoint.runtime.jobmaster")
@@ -30,6 +32,23 @@ class StopRequest:
     savepoint: bool
     target: str | None
     future: Future
+
+
+def one_savepoint_at_a_time() -> Callable[[Barrier], bool]:
+    """For `gateway.take_barriers`: every checkpoint barrier and the oldest savepoint
+    barrier. An epoch copies state files to one savepoint target, and a savepoint is
+    never subsumed (the coordinator ignores a SUBSUMED decline of one), so later
+    savepoints stay queued for the next epochs."""
+    oldest: list[int] = []
+
+    def carried_now(barrier: Barrier) -> bool:
+        if not barrier.properties.savepoint:
+            return True
+        if not oldest:
+            oldest.append(barrier.checkpoint_id)
+        return barrier.checkpoint_id == oldest[0]
+
+    return carried_now
 
 
 def savepoint_identity(data: CompletedCheckpointData) -> str:

@@ -1,11 +1,12 @@
 """Fakes for coordinator tests that need more than sparkpoint/testing/memory.py offers:
-storage calls that block until released (stalls), arbitrary exceptions, and the optional
-`discard_aborted` extra of a CheckpointStorage."""
+storage calls that block until released (stalls), arbitrary exceptions, the optional
+`discard_aborted` extra of a CheckpointStorage, and savepoint locations."""
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from sparkpoint.checkpoint import CompletedCheckpointData, StateHandle
@@ -115,3 +116,38 @@ class RaisingIdCounter(InMemoryIdCounter):
         if error is not None:
             raise error
         return super().get_and_increment()
+
+
+@dataclass(frozen=True)
+class InMemorySavepointLocation:
+    checkpoint_id: int
+    target: str
+
+    @property
+    def path(self) -> str:
+        return self.target
+
+
+class SavepointStorage(StallingStorage):
+    """Also writes savepoints, as the real storage does: `initialize_savepoint_location`
+    gives a place outside `chk-*`, and a savepoint's `_metadata` lands in `savepoints`
+    (by target), never in `metadata`, so `load_completed` (the job's `chk-*`) never
+    returns it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.savepoints: dict[str, CompletedCheckpointData] = {}
+
+    def initialize_savepoint_location(self, checkpoint_id: int, target: str | None) -> InMemorySavepointLocation:
+        self._before("initialize_savepoint_location")
+        self.events.append(("initialize_savepoint_location", checkpoint_id))
+        default = f"mem://job/savepoints/savepoint-{checkpoint_id}"
+        return InMemorySavepointLocation(checkpoint_id, target or default)
+
+    def commit_metadata(self, location: Any, data: CompletedCheckpointData) -> None:
+        if not isinstance(location, InMemorySavepointLocation):
+            super().commit_metadata(location, data)
+            return
+        self._before("commit_metadata")
+        self.events.append(("commit_savepoint_metadata", data.checkpoint_id))
+        self.savepoints[location.target] = data

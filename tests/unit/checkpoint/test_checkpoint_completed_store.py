@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkpoint.checkpoint import CompletedCheckpointData, CompletedCheckpointStore
+from sparkpoint.checkpoint import CheckpointProperties, CompletedCheckpointData, CompletedCheckpointStore
 
 
 def cp(checkpoint_id: int) -> CompletedCheckpointData:
@@ -36,3 +36,18 @@ def test_recover_keeps_everything_sorted_until_the_next_add():
 def test_empty_store():
     store = CompletedCheckpointStore(num_retained=1)
     assert store.latest() is None and store.all() == [] and len(store) == 0
+
+
+def _savepoint(checkpoint_id: int) -> CompletedCheckpointData:
+    return CompletedCheckpointData("orders", checkpoint_id, 0, 1, {"p": {"id": checkpoint_id}},
+                                   CheckpointProperties(forced=True, periodic=False, savepoint=True))
+
+
+def test_a_savepoint_never_enters_the_store_and_pushes_nothing_out():
+    store = CompletedCheckpointStore(num_retained=1)
+    store.add(cp(1))
+    with pytest.raises(ValueError, match="savepoint 2 cannot enter"):
+        store.add(_savepoint(2))
+    assert store.all() == [cp(1)]
+    store.recover([cp(1), _savepoint(2)])
+    assert store.all() == [cp(1)]

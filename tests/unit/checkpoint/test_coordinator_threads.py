@@ -7,7 +7,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from checkpoint_fakes import WAIT_S, StallingStorage, wait_until
+from checkpoint_fakes import WAIT_S, Gate, RaisingIdCounter, StallingStorage, wait_until
 from checkpoint_support import PARTICIPANTS, failure_reason, handle_for, make_harness
 
 from sparkpoint.checkpoint import (
@@ -206,3 +206,60 @@ def test_suspend_and_settle_from_inside_a_finalization_does_not_wait_for_itself(
     h.ack_all(1)
     assert future.result(0).checkpoint_id == 1
     assert calls == [1]
+
+
+# ---------------------------------------------------------------- a stalled trigger
+def test_a_trigger_stalled_in_storage_expires_alone_and_the_next_trigger_completes():
+    """One storage call hangs while creating chk-1/. Its trigger expires at its deadline
+    (one counted failure); the next trigger must not wait behind it for its turn - it
+    gets id 2, reaches the participants and completes while the first call still hangs.
+    When storage finally answers, chk-1 is never started and its directory is removed."""
+    storage = StallingStorage()
+    h = make_harness(storage=storage, timeout_ms=1_000, tolerable_failed=1)
+    gate = storage.stall("initialize_location")
+    stalled, stalled_result = _in_thread(h.trigger)
+    try:
+        assert gate.entered.wait(WAIT_S)
+        h.scheduler.advance(1_000)
+        assert h.failures() == {"EXPIRED": 1}
+
+        following, following_result = _in_thread(h.trigger)
+        wait_until(lambda: h.gateway.triggered_ids == [2],
+                   "the next trigger reached the participants while the first hangs in storage")
+        following.join(WAIT_S)
+        assert h.ack_all(2) == [AckResult.SUCCESS] * 3
+        assert following_result["value"].result(0).checkpoint_id == 2
+        assert h.failures() == {"EXPIRED": 1}
+        assert h.coordinator.failure_manager.consecutive_failures == 0
+        assert h.failed_jobs == []
+    finally:
+        gate.open()
+        stalled.join(WAIT_S)
+    assert failure_reason(stalled_result["value"]) is R.EXPIRED
+    assert h.gateway.triggered_ids == [2]
+    assert 1 not in storage.directories and 1 in storage.discarded_locations
+    assert h.failures() == {"EXPIRED": 1}
+
+
+def test_a_trigger_stalled_in_the_id_counter_takes_no_id_once_it_expired():
+    """The stall is in the id counter: the next trigger takes id 1 and completes; the
+    stalled one, answered after its deadline, creates no directory for the id it got."""
+    ids = RaisingIdCounter()
+    storage = StallingStorage()
+    h = make_harness(storage=storage, ids=ids, timeout_ms=1_000)
+    ids.gate = gate = Gate()
+    stalled, stalled_result = _in_thread(h.trigger)
+    try:
+        assert gate.entered.wait(WAIT_S)
+        h.scheduler.advance(1_000)
+        following, following_result = _in_thread(h.trigger)
+        wait_until(lambda: h.gateway.triggered_ids == [1], "the next trigger took id 1 and started")
+        following.join(WAIT_S)
+        h.ack_all(1)
+        assert following_result["value"].result(0).checkpoint_id == 1
+    finally:
+        gate.open()
+        stalled.join(WAIT_S)
+    assert failure_reason(stalled_result["value"]) is R.EXPIRED
+    assert [e for e in storage.events if e[0] == "initialize_location"] == [("initialize_location", 1)]
+    assert h.gateway.triggered_ids == [1]
