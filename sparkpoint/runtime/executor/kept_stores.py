@@ -214,22 +214,26 @@ def _abandon(db_dir: str, store: SubtaskStateStore) -> None:
         fd = os.open(os.path.join(db_dir, "LOCK"), os.O_RDWR)
     except OSError:
         fd = None  # the new directory holds no store (yet)
+    aside = f"{db_dir}.aside-{os.getpid()}"
+    moved = False
     try:
         if fd is not None:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        aside = f"{db_dir}.aside-{os.getpid()}"
-        moved = os.path.isdir(db_dir)
-        if moved:
+        if os.path.isdir(db_dir):
             os.rename(db_dir, aside)
-        try:
-            _close(db_dir, store)
-        finally:
-            if moved:
-                os.rename(aside, db_dir)
+            moved = True
     except OSError as e:
         log.error("the replaced state handle for %s cannot be closed safely (%s); it stays open, unused", db_dir, e)
         _abandoned.append(store)
+        return
+    else:
+        _close(db_dir, store)
     finally:
+        if moved:
+            try:
+                os.rename(aside, db_dir)
+            except OSError as e:
+                log.error("the local state at %s stays at %s (%s): this subtask is rebuilt", db_dir, aside, e)
         if fd is not None:
             os.close(fd)
 
