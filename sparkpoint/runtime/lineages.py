@@ -152,8 +152,9 @@ class Lineages:
         where = str(info.get("executor"))
         if s.executors.get(i) not in (None, where):
             s.moves += 1  # ran on another executor than last epoch
-            log.info("subtask %d of %s moved to executor %s (state %s, %d change logs replayed, %s ms)", i,
-                     self.operator, where, how, int(state.get("replayed", 0)), state.get("rebuild_ms", 0))
+            log.info("subtask %d of %s moved to executor %s (state %s: %s; %d change logs replayed, %s ms)", i,
+                     self.operator, where, how, state.get("why") or "?", int(state.get("replayed", 0)),
+                     state.get("rebuild_ms", 0))
         s.executors[i] = where
 
     # -- checkpoints -----------------------------------------------------------------
