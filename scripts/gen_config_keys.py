@@ -87,7 +87,9 @@ DESCRIPTIONS = {  # keys whose field has no comment in config.py
     "parallelism.default": "subtasks of the stateful step",
     "pipeline.max-parallelism": "key groups; cannot change across a restore",
     "restart-strategy.type": "what happens after a failure (Flink's strategies)",
-    "state.local.dir": "each executor's local state (RocksDB working copies): a cache",
+    "state.local.dir": ("each executor's local state (RocksDB working copies): a cache. A job's stores are under "
+                        "`<state.local.dir>/<job name>-<8 hex digits>/`, the digits a hash of the job's checkpoint "
+                        "location, so runs of one job name with different checkpoint directories never share them"),
     "restore.mode": "`latest` resumes from the latest checkpoint; `empty` starts from scratch on purpose",
     "spark.master": "any master Spark accepts: `local[N]`, `spark://`, `yarn`, `k8s://`",
     "spark.conf": "extra Spark settings",

@@ -59,6 +59,12 @@ class StaleStateError(SparkpointError):
     """A subtask's local state is not at the version the job expects."""
 
 
+class LocalStateHeldError(SparkpointError):
+    """Another Python worker of the executor still has a subtask's local store open
+    (a task of an earlier attempt still running): the task fails rather than open or
+    replace it, and Spark or the job's restart runs it again."""
+
+
 class JobFailedError(SparkpointError):
     pass
 

@@ -65,6 +65,8 @@ from sparkpoint.runtime.spark import get_or_create_spark
 from sparkpoint.runtime.stage import run_epoch
 from sparkpoint.runtime.status import JobStatus, JobStatusTracker
 from sparkpoint.runtime.executor.storage import StorageRef
+from sparkpoint.runtime.executor.state import job_local_root
+from sparkpoint.runtime.executor.store_opening import EpochInput, slice_identity
 from sparkpoint.runtime.executor.subtask import EpochTask, OutputStep
 from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.storage_setup import open_job_storage
@@ -101,7 +103,11 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self.P = settings.parallelism
         # On executors' own disks. A relative path means "relative to each executor's
         # working directory" on a cluster, and to the driver's on local[*] (same disk).
-        local = os.path.join(settings.local_state_dir, self.job_name)
+        # Keyed by the checkpoint location too: runs of one name with different
+        # checkpoint directories must not share stores.
+        checkpoints = settings.checkpoint_dir if "://" in settings.checkpoint_dir else os.path.abspath(
+            settings.checkpoint_dir)
+        local = job_local_root(settings.local_state_dir, self.job_name, checkpoints)
         self.local_root = os.path.abspath(local) if settings.spark_master.startswith("local") else local
         self.status = JobStatusTracker()
         self.run_id = uuid.uuid4().hex[:12]
@@ -510,7 +516,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                              self.storage_ref, self.lineages.for_tasks(), self.lineages.due_for_snapshot(),
                              self.output_step,
                              self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]),
-                             savepoint_to=self._savepoint_target(savepoint))
+                             savepoint_to=self._savepoint_target(savepoint),
+                             epoch_input=EpochInput(self.lineages.generation, slice_identity(plan.start, plan.end)))
         wm_col = self.pipeline.watermark_.column if self.pipeline.watermark_ else None
         result = run_epoch(self._spark, df, task, self.output_step, wm_col, epoch, self._worker_order)
         self._worker_order = result.worker_order

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -63,6 +64,10 @@ class Lineages:
         # (epoch, paths): files a snapshot made unnecessary for the live lineage at that epoch
         self._dropped: list[tuple[int, list[str]]] = []
         self.stats = MoveStats()
+        # Begins at every fresh start and every restore. The same epoch number is planned
+        # again over another slice after a failover: local stores of an earlier
+        # generation are never used, and a retry must be of this one (executor/store_opening.py).
+        self.generation = ""
         self.reset_empty()
 
     # -- restore -------------------------------------------------------------------
@@ -74,6 +79,7 @@ class Lineages:
                 self._lineages[i] = Lineage(self.operator, i, (kg.start, kg.stop), self.max_parallelism)
             self._last_snapshot = {i: self._clock() for i in range(self.parallelism)}
             self._dropped = []
+            self.generation = uuid.uuid4().hex[:12]
 
     def restore(self, handles: Mapping[int, Mapping[str, Any]]) -> None:
         """Take the lineages of a checkpoint (validated: CorruptSnapshotError if not)."""
@@ -82,6 +88,7 @@ class Lineages:
             self._lineages = restored
             self._last_snapshot = {i: self._clock() for i in restored}
             self._dropped = []
+            self.generation = uuid.uuid4().hex[:12]
 
     # -- each epoch ----------------------------------------------------------------
     def for_tasks(self) -> dict[int, Lineage]:
@@ -145,8 +152,9 @@ class Lineages:
         where = str(info.get("executor"))
         if s.executors.get(i) not in (None, where):
             s.moves += 1  # ran on another executor than last epoch
-            log.info("subtask %d of %s moved to executor %s (state %s, %d change logs replayed, %s ms)", i,
-                     self.operator, where, how, int(state.get("replayed", 0)), state.get("rebuild_ms", 0))
+            log.info("subtask %d of %s moved to executor %s (state %s: %s; %d change logs replayed, %s ms)", i,
+                     self.operator, where, how, state.get("why") or "?", int(state.get("replayed", 0)),
+                     state.get("rebuild_ms", 0))
         s.executors[i] = where
 
     # -- checkpoints -----------------------------------------------------------------

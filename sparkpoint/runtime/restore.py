@@ -196,7 +196,8 @@ class RestoreSteps:
         from sparkpoint.runtime.executor.subtask import RestoreTask
         from sparkpoint.runtime.stage import restore_state
 
-        task = RestoreTask(self.local_root, self.storage_ref, self.lineages.for_tasks())
+        task = RestoreTask(self.local_root, self.storage_ref, self.lineages.for_tasks(),
+                           generation=self.lineages.generation)
         try:
             reports = restore_state(self._spark, task, self.P)
         except Exception as e:

@@ -288,6 +288,11 @@ class SubtaskStateStore:
         self._overlay = _Overlay()
         self._epoch = epoch
 
+    def relabel(self, lineage: dict) -> None:
+        """Replace the record of the last commit without changing the state (the
+        executor marks a store it has just rebuilt and verified as its own)."""
+        self._db.put(_LINEAGE_KEY, json.dumps(lineage, sort_keys=True).encode(), self._options.write_options())
+
     def _remember(self, committed: dict[bytes, bytes | None]) -> None:
         if len(self._cache) + len(committed) > self._options.read_cache_entries:
             self._cache.clear()

@@ -150,7 +150,10 @@ def completed_ids(proc: Proc) -> list[int]:
 
 def subtask_dir(job: Job, subtask: int) -> Path:
     """The executor-local directory of one subtask (`db/`, `snap-<epoch>/`, `pending/`)."""
-    return job.root / "state" / JOB_NAME / OPERATOR / f"subtask-{subtask}"
+    from sparkpoint.runtime.executor.state import job_local_root
+
+    checkpoints = job.checkpoint_dir or str((job.root / "checkpoints").absolute())
+    return Path(job_local_root(str(job.root / "state"), JOB_NAME, checkpoints)) / OPERATOR / f"subtask-{subtask}"
 
 
 def local_copy(job: Job, subtask: int, base_epoch: int) -> Path:

@@ -12,8 +12,16 @@ holds RocksDB's lock. That process asks for it: it creates `<db>.release` and wa
 until the lock is free; a watcher thread here closes the store (once no task of this
 process is using it). A holder that died released its lock with its process.
 
-A kept store is used again only if its directory is the one it opened (same inode): a
-directory that was deleted or rebuilt meanwhile is never read through an old handle.
+A kept store is used again only if its directory is the one it opened: its identity
+(the inodes of the directory and of RocksDB's LOCK file, and the LOCK file's ctime) is
+taken when the store is opened, and compared when the task ends and when the store is
+taken again. A handle whose directory was replaced is never read, and is closed only
+with the new directory moved aside (`_abandon`): closing flushes its memtable by file
+name into whatever directory is now at that path, over the new store's files.
+
+A store directory is removed (`remove`, before a rebuild) only while this process holds
+RocksDB's lock on it: never while another worker has it open. A release that times out
+fails the task (LocalStateHeldError) instead of going ahead.
 """
 
 from __future__ import annotations
@@ -21,10 +29,12 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass
 
+from sparkpoint.errors import LocalStateHeldError
 from sparkpoint.state.store import SubtaskStateStore
 
 log = logging.getLogger(__name__)
@@ -35,24 +45,32 @@ POLL_S = 0.01           # how often the watcher looks for release requests
 RELEASE_TIMEOUT_S = 60.0
 
 
+Identity = tuple  # see _identity
+
+
 @dataclass
 class _Kept:
     store: SubtaskStateStore
-    inode: int
+    identity: Identity | None  # of the directory when the store was opened
     since: float
 
 
 _lock = threading.Lock()
-_kept: dict[str, _Kept] = {}       # db dir -> an idle open store of this process
-_in_use: set[str] = set()          # db dirs a task of this process has taken
+_kept: dict[str, _Kept] = {}                   # db dir -> an idle open store of this process
+_in_use: dict[str, Identity | None] = {}       # db dirs a task of this process has open -> identity at open
+_abandoned: list[SubtaskStateStore] = []       # replaced handles that could not be closed safely
 _watcher: threading.Thread | None = None
 
 
-def _inode(path: str) -> int | None:
+def _identity(db_dir: str) -> Identity | None:
+    """Which store directory is at `db_dir` now. The directory's inode alone is not
+    enough: a directory deleted and created again may get the same inode number back."""
     try:
-        return os.stat(path).st_ino
+        d = os.stat(db_dir)
+        lock = os.stat(os.path.join(db_dir, "LOCK"))
     except OSError:
         return None
+    return d.st_dev, d.st_ino, lock.st_ino, lock.st_ctime_ns
 
 
 def _request_file(db_dir: str) -> str:
@@ -65,17 +83,17 @@ def take(db_dir: str) -> SubtaskStateStore | None:
         kept = _kept.pop(db_dir, None)
         if kept is None:
             return None
-        if _inode(db_dir) != kept.inode:  # deleted or rebuilt since: never read it through the old handle
-            _close(db_dir, kept.store)
+        if kept.identity is None or _identity(db_dir) != kept.identity:
+            _abandon(db_dir, kept.store)  # deleted or rebuilt since: never read it through the old handle
             return None
-        _in_use.add(db_dir)
+        _in_use[db_dir] = kept.identity
         return kept.store
 
 
 def opened(db_dir: str) -> None:
-    """A task of this process opened the store of `db_dir` itself."""
+    """A task of this process opened the store of `db_dir` itself, just now."""
     with _lock:
-        _in_use.add(db_dir)
+        _in_use[db_dir] = _identity(db_dir)
 
 
 def keep(db_dir: str, store: SubtaskStateStore) -> None:
@@ -84,12 +102,17 @@ def keep(db_dir: str, store: SubtaskStateStore) -> None:
     global _watcher
     store.discard_pending()
     with _lock:
-        _in_use.discard(db_dir)
-        inode = _inode(db_dir)
-        if inode is None or _requested(db_dir) or not _in_spark_task():
+        if db_dir not in _in_use:  # not opened through this module: nothing to prove it by
             _close(db_dir, store)
             return
-        _kept[db_dir] = _Kept(store, inode, time.monotonic())
+        identity = _in_use.pop(db_dir)
+        if identity is None or _identity(db_dir) != identity:
+            _abandon(db_dir, store)  # replaced while the task ran: the handle is not this directory's
+            return
+        if _requested(db_dir) or not _in_spark_task():
+            _close(db_dir, store)
+            return
+        _kept[db_dir] = _Kept(store, identity, time.monotonic())
         while len(_kept) > MAX_KEPT:
             oldest = min(_kept, key=lambda d: _kept[d].since)
             _close(oldest, _kept.pop(oldest).store)
@@ -101,14 +124,20 @@ def keep(db_dir: str, store: SubtaskStateStore) -> None:
 def close(db_dir: str, store: SubtaskStateStore) -> None:
     """The task is done with `store` and it must not be kept (the epoch failed)."""
     with _lock:
-        _in_use.discard(db_dir)
-        _close(db_dir, store)
+        identity = _in_use.pop(db_dir, None)
+        if identity is not None and _identity(db_dir) != identity:
+            _abandon(db_dir, store)
+        else:
+            _close(db_dir, store)
 
 
-def release(db_dir: str, timeout_s: float = RELEASE_TIMEOUT_S) -> None:
+def release(db_dir: str, timeout_s: float | None = None) -> None:
     """Before opening (or deleting) `db_dir`: close this process's kept store of it and
     have any other process that keeps it open close it; waits until RocksDB's lock on
-    it is free."""
+    it is free. Raises LocalStateHeldError if it is still held after `timeout_s`
+    (default RELEASE_TIMEOUT_S): going ahead would open or replace a store another
+    worker has open."""
+    timeout_s = RELEASE_TIMEOUT_S if timeout_s is None else timeout_s
     with _lock:
         kept = _kept.pop(db_dir, None)
         if kept is not None:
@@ -127,9 +156,37 @@ def release(db_dir: str, timeout_s: float = RELEASE_TIMEOUT_S) -> None:
             if _lock_free(db_dir):
                 return
             time.sleep(POLL_S / 2)
-        log.warning("the state at %s is still held by another worker after %.0f s", db_dir, timeout_s)
     finally:
         _unlink(request)
+    raise LocalStateHeldError(
+        f"the local state at {db_dir} is still held by another Python worker of this executor after "
+        f"{timeout_s:.0f} s (a task of an earlier attempt still running?); this task fails rather than open or "
+        "replace a store another process has open, and runs again")
+
+
+def remove(db_dir: str, timeout_s: float | None = None) -> None:
+    """Delete the store directory `db_dir` (before a rebuild), only while this process
+    holds RocksDB's lock on it: a store another worker has open is never removed, or its
+    next flush would write into the new store's files. Raises LocalStateHeldError."""
+    release(db_dir, timeout_s)
+    with _lock:
+        if db_dir in _in_use:
+            raise LocalStateHeldError(f"the local state at {db_dir} is still open in this worker; it cannot be "
+                                      "removed")
+    try:
+        fd = os.open(os.path.join(db_dir, "LOCK"), os.O_RDWR)
+    except OSError:
+        shutil.rmtree(db_dir, ignore_errors=True)  # no store there (or a store never opened)
+        return
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise LocalStateHeldError(f"the local state at {db_dir} was opened by another Python worker while "
+                                      "this one was about to rebuild it; this task fails and runs again") from None
+        shutil.rmtree(db_dir, ignore_errors=True)
+    finally:
+        os.close(fd)  # drops the lock (on a file that is gone)
 
 
 # -- inside -------------------------------------------------------------------------------
@@ -141,6 +198,44 @@ def _watch() -> None:
             for db_dir in list(_kept):
                 if _requested(db_dir) or now - _kept[db_dir].since > IDLE_CLOSE_S:
                     _close(db_dir, _kept.pop(db_dir).store)
+
+
+def _abandon(db_dir: str, store: SubtaskStateStore) -> None:
+    """Close a handle whose directory was replaced, with nothing at its path: closing
+    flushes the memtable, and deletes obsolete files, by file name under `db_dir`, which
+    now holds another store. The new directory is moved aside for the close, under its
+    LOCK (so no process has it open meanwhile). If another process has it open, the
+    handle is kept referenced, never closed (this process then cannot open `db_dir`
+    again: RocksDB refuses a path it still holds; its tasks there fail, never corrupt)."""
+    log.warning("the local state at %s was replaced while this worker had it open; the old handle is "
+                "closed aside of the new directory", db_dir)
+    # (Cancelling its background work first is no help: RocksDB flushes on that too.)
+    try:
+        fd = os.open(os.path.join(db_dir, "LOCK"), os.O_RDWR)
+    except OSError:
+        fd = None  # the new directory holds no store (yet)
+    aside = f"{db_dir}.aside-{os.getpid()}"
+    moved = False
+    try:
+        if fd is not None:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.path.isdir(db_dir):
+            os.rename(db_dir, aside)
+            moved = True
+    except OSError as e:
+        log.error("the replaced state handle for %s cannot be closed safely (%s); it stays open, unused", db_dir, e)
+        _abandoned.append(store)
+        return
+    else:
+        _close(db_dir, store)
+    finally:
+        if moved:
+            try:
+                os.rename(aside, db_dir)
+            except OSError as e:
+                log.error("the local state at %s stays at %s (%s): this subtask is rebuilt", db_dir, aside, e)
+        if fd is not None:
+            os.close(fd)
 
 
 def _close(db_dir: str, store: SubtaskStateStore) -> None:

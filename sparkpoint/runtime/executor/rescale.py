@@ -64,7 +64,7 @@ class RescaleTask:
         src_fs, src_layout = self.source.open()
         scratch = os.path.join(self.local_root, new.operator, f"rescale-{j}-{uuid.uuid4().hex[:8]}")
         state = SubtaskState(self.local_root, new, *self.target.open())
-        kept_stores.release(state.db_dir)  # a worker may keep the old store of subtask j open
+        kept_stores.remove(state.db_dir)  # a worker may keep the old store of subtask j open
         shutil.rmtree(subtask_dir(self.local_root, new.operator, j), ignore_errors=True)
         store = SubtaskStateStore.open(state.db_dir, create=True, operator=new.operator,
                                        key_groups=range(lo, hi), max_parallelism=new.max_parallelism)

@@ -4,9 +4,12 @@ changes durable, and upload snapshots when the driver asks.
 
 Local layout under `state.local.dir` (on each executor's own disk):
 
-    <job>/<operator>/subtask-<i>/db              the RocksDB store (a cache of the lineage)
-    <job>/<operator>/subtask-<i>/snap-<epoch>/   hard-link copy of the last uploaded snapshot
-    <job>/<operator>/subtask-<i>/pending/        change logs storage did not take yet
+    <job>-<cp>/<operator>/subtask-<i>/db              the RocksDB store (a cache of the lineage)
+    <job>-<cp>/<operator>/subtask-<i>/snap-<epoch>/   hard-link copy of the last uploaded snapshot
+    <job>-<cp>/<operator>/subtask-<i>/pending/        change logs storage did not take yet
+
+`<cp>` names the job's checkpoint location (`job_local_root`): two runs of one job name
+with different checkpoint directories never share local stores.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pyarrow as pa
 
 from sparkpoint.errors import CorruptSnapshotError, StaleStateError, StorageError
 from sparkpoint.runtime.executor import kept_stores
+from sparkpoint.runtime.executor.store_opening import EpochInput, How, LocalStore, decide
 from sparkpoint.state.changelog import (
     NO_EPOCH,
     ChangelogFile,
@@ -41,6 +45,13 @@ from sparkpoint.storage.layout import JobLayout
 log = logging.getLogger(__name__)
 
 
+def job_local_root(local_state_dir: str, job_name: str, checkpoint_url: str) -> str:
+    """The job's directory under `state.local.dir`: its name, and a short hash of where
+    its checkpoints are (`checkpoint_url`: a URL, or an absolute path)."""
+    where = hashlib.sha256(f"{checkpoint_url.rstrip('/')}/{job_name}".encode()).hexdigest()[:8]
+    return os.path.join(local_state_dir, f"{job_name}-{where}")
+
+
 def subtask_dir(local_root: str, operator: str, subtask: int) -> str:
     return os.path.join(local_root, operator, f"subtask-{subtask}")
 
@@ -49,7 +60,8 @@ def subtask_dir(local_root: str, operator: str, subtask: int) -> str:
 class StateReport:
     """What happened to the local store before the epoch ran (sent to the driver)."""
 
-    how: str = "local"  # local | retry | catch-up | rebuild | fresh
+    how: str = "local"  # local | retry | catch-up | rebuild | fresh (store_opening.How)
+    why: str = ""  # the condition that proved `how`
     replayed: int = 0
     rebuild_ms: int = 0
     bytes_downloaded: int = 0
@@ -72,41 +84,50 @@ class SubtaskState:
         self.pending_dir = os.path.join(self.dir, "pending")
         self.report = StateReport()
         self.store: SubtaskStateStore | None = None
+        self.given: EpochInput | None = None
 
     # -- bring the store to the lineage ----------------------------------------------
-    def open(self, epoch: int, trust_local: bool = True) -> SubtaskStateStore:
+    def open(self, epoch: int, trust_local: bool = True, given: EpochInput | None = None) -> SubtaskStateStore:
         """A store holding exactly the state the task for `epoch` needs (the lineage's
-        tip, `epoch - 1`), or, if this very epoch was committed here already on top of
-        that tip (Spark re-ran the task), the store at `epoch`. `trust_local=False` (the
-        first epoch after a restore: the process or machine may have crashed, seed 003)
-        rebuilds from files checked against the checkpoint's sizes and SHA-256s."""
+        tip, `epoch - 1`), or, for a proven retry, the store at `epoch`: the decision
+        table is `store_opening.decide`. `given`: the generation and slice the driver
+        planned the epoch in (None: nothing proves a local store). `trust_local=False`
+        (the restore job: the process or machine may have crashed, seed 003) rebuilds
+        from files checked against the checkpoint's sizes and SHA-256s.
+
+        Afterwards the store is labelled with `given`'s generation, so the epochs of
+        this generation may use it, and those of another may not."""
         self._upload_pending()
         lin = self.lineage
-        store = self._open_existing() if trust_local else None
-        if store is not None:
-            have, rec = store.epoch(), store.lineage()
-            ref = rec.get("ref", "empty" if have == NO_EPOCH else None)
-            if have == epoch and rec.get("parent") == lin.tip_ref:
-                self.report.how = "retry"
-                self.store = store
-                return store
-            if have == lin.epoch and ref == lin.tip_ref:
-                self.store = store
-                return store
-            if have < lin.epoch and ref is not None and ref == lin.ref_at(have):
-                started = time.perf_counter()
-                self._replay(store, [c for c in lin.changelog if c.epoch > have])
-                self.report.how = "catch-up"
-                self.report.rebuild_ms = int((time.perf_counter() - started) * 1000)
-                self.store = store
-                return store
-            kept_stores.close(self.db_dir, store)
+        self.given = given
+        store = self._open_existing() if trust_local and given is not None else None
+        local = LocalStore.of(store.epoch(), store.lineage()) if store is not None else None
+        decision = decide(lin, epoch, given, local, trust_local)
+        self.report.how, self.report.why = decision.how.value, decision.why
         started = time.perf_counter()
+        if decision.how in (How.RETRY, How.LOCAL, How.CATCH_UP):
+            self.store = store
+            if decision.how is How.CATCH_UP:
+                self._replay(store, [c for c in lin.changelog if c.epoch > local.epoch])
+                self.report.rebuild_ms = int((time.perf_counter() - started) * 1000)
+            return store
+        if store is not None:
+            kept_stores.close(self.db_dir, store)
         self.store = self._rebuild()
-        # A job's very first epoch starts from nothing: not a rebuild.
-        self.report.how = "fresh" if lin.epoch == NO_EPOCH and lin.base is None else "rebuild"
         self.report.rebuild_ms = int((time.perf_counter() - started) * 1000)
+        if given is not None:
+            self._label(given.generation)
         return self.store
+
+    @property
+    def _generation(self) -> str | None:
+        return self.given.generation if self.given is not None else None
+
+    def _label(self, generation: str) -> None:
+        rec = self.store.lineage()
+        if rec.get("generation") != generation:
+            ref = rec.get("ref", "empty" if self.store.epoch() == NO_EPOCH else None)
+            self.store.relabel({**rec, "ref": ref, "generation": generation, "slice": None})
 
     def _key_groups(self) -> range:
         return range(*self.lineage.key_groups)
@@ -141,8 +162,7 @@ class SubtaskState:
                 f"subtask {lin.subtask} of {lin.operator} has to be rebuilt on this executor, but the change "
                 f"logs of epochs {[c.epoch for c in lin.pending]} never reached checkpoint storage (it was "
                 "unreachable) and the executor holding them is gone; the job restores the last checkpoint")
-        kept_stores.release(self.db_dir)
-        shutil.rmtree(self.db_dir, ignore_errors=True)
+        kept_stores.remove(self.db_dir)
         os.makedirs(self.dir, exist_ok=True)
         if lin.base is not None:
             local_copy = os.path.join(self.dir, f"snap-{lin.base_epoch}")
@@ -165,7 +185,8 @@ class SubtaskState:
             keys = table.column("key").to_pylist()
             values = table.column("value").to_pylist()
             store.apply_changes(keys, values)
-            store.commit_epoch(c.epoch, _EMPTY, {"ref": c.ref, "parent": prev, "entry": c.to_json()})
+            store.commit_epoch(c.epoch, _EMPTY, {"ref": c.ref, "parent": prev, "entry": c.to_json(),
+                                                 "generation": self._generation})
             prev = c.ref
             self.report.replayed += 1
 
@@ -205,7 +226,10 @@ class SubtaskState:
         file = SnapshotFile(name, path, len(raw), hashlib.sha256(raw).hexdigest(), shared=True)
         durable = self._upload(local, file)
         entry = ChangelogFile(epoch, file, durable)
-        store.commit_epoch(epoch, output, {"ref": entry.ref, "parent": self.lineage.tip_ref, "entry": entry.to_json()})
+        # The record proves a retry of this epoch later: same parent, generation and slice.
+        store.commit_epoch(epoch, output, {"ref": entry.ref, "parent": self.lineage.tip_ref, "entry": entry.to_json(),
+                                           "generation": self._generation,
+                                           "slice": self.given.slice if self.given is not None else None})
         return entry
 
     def _upload(self, local: str, file: SnapshotFile) -> bool:

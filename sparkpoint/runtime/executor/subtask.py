@@ -17,12 +17,13 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkpoint.runtime.executor.store_opening import EpochInput
 from sparkpoint.state.changelog import Lineage
 from sparkpoint.state.keys import key_group_range
 from sparkpoint.state.interfaces import (
@@ -99,10 +100,11 @@ class EpochTask:
     output: OutputStep = OutputStep()
     # Fault rehearsal: subtasks whose synchronous snapshot part must fail (sparkpoint.faults).
     fail_sync_subtasks: tuple[int, ...] = ()
-    # False for the first epoch after a restore: local stores are rebuilt from verified files.
-    trust_local: bool = True
     # The barrier of this epoch is a savepoint's: copy the state files there (SavepointTarget).
     savepoint_to: Any = None
+    # The generation and slice the driver planned this epoch in: what proves a retry,
+    # and which local stores may be used at all (executor/store_opening.py).
+    epoch_input: EpochInput = field(kw_only=True)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         """`run` for rows grouped as `groupBy(__subtask)` hands them: the subtask is the
@@ -152,7 +154,7 @@ class EpochTask:
             mark = now
 
         try:
-            store = state.open(self.epoch, self.trust_local)
+            store = state.open(self.epoch, given=self.epoch_input)
             phase("open")
             if state.report.how == "retry":
                 # Spark re-ran this task (retry or recomputation): same output, state untouched.
@@ -227,6 +229,9 @@ class RestoreTask:
     local_root: str
     storage: Any
     lineages: dict[int, Lineage]
+    # The generation the restore begins: the stores rebuilt here are labelled with it,
+    # so the first epoch after the restore uses them (executor/store_opening.py).
+    generation: str = field(kw_only=True)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         from sparkpoint.runtime.executor.state import SubtaskState
@@ -237,7 +242,7 @@ class RestoreTask:
         fs, layout = self.storage.open()
         state = SubtaskState(self.local_root, lineage, fs, layout)
         try:
-            state.open(lineage.epoch + 1, trust_local=False)
+            state.open(lineage.epoch + 1, trust_local=False, given=EpochInput(self.generation, ""))
         finally:
             state.close()
         info = {**where_am_i(), "state": state.report.__dict__}

@@ -13,6 +13,7 @@ import os
 
 from sparkpoint.runtime.executor.state import fresh_lineage, subtask_dir
 from sparkpoint.runtime.executor.storage import StorageRef
+from sparkpoint.runtime.executor.store_opening import EpochInput
 from sparkpoint.runtime.executor.subtask import META_INFO, EpochTask
 from sparkpoint.runtime.stage import split_meta
 from sparkpoint.state.changelog import ChangelogFile, Lineage
@@ -74,7 +75,9 @@ def run_epoch(state_dir: Path, op: StatefulOperator, rows: pa.Table, context: Ep
     storage = StorageRef(str(Path(state_dir) / "_checkpoints"), "job")
     task = EpochTask(op, str(state_dir), context.epoch, context.parallelism, context.max_parallelism,
                      context.watermark_ms, context.processing_time_ms, context.final, None, storage,
-                     {context.subtask: lineage})
+                     {context.subtask: lineage},
+                     # One generation per harness process; "the same epoch again" is a retry of its slice.
+                     epoch_input=EpochInput("harness", f"epoch-{context.epoch}"))
     data, meta = split_meta(task(worker_input(rows, context.subtask)), op.output_schema)
     entry = json.loads(meta[0][META_INFO])["changelog"]
     if lineage.epoch == context.epoch - 1:

@@ -8,12 +8,14 @@ Two "executors" are two local roots; the driver's part is a real `Lineages`."""
 from __future__ import annotations
 
 import json
+import os
 import pyarrow as pa
 import pytest
 
 from sparkpoint.api import KeyedAggregate
 from sparkpoint.errors import CorruptSnapshotError, StaleStateError
 from sparkpoint.runtime.executor.storage import StorageRef
+from sparkpoint.runtime.executor.store_opening import EpochInput, slice_identity
 from sparkpoint.runtime.executor.subtask import META_INFO, EpochTask
 from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.stage import split_meta
@@ -50,13 +52,18 @@ class Driver:
             checkpoint_id: int | None = None):
         epoch = self.epoch + 1 if epoch is None else epoch
         t = EpochTask(op(), str(executor_root), epoch, 1, MAXP, None, 0, False, checkpoint_id, self.storage,
-                      self.lineages.for_tasks(), self.lineages.due_for_snapshot())
+                      self.lineages.for_tasks(), self.lineages.due_for_snapshot(),
+                      epoch_input=self.planned(users, amounts))
         data, meta = split_meta(t(worker_input(users, amounts)), op().output_schema)
         info = json.loads(meta[0][META_INFO])
         if record:
             self.lineages.on_epoch(epoch, {0: info})
             self.epoch = epoch
         return sorted((r["user"], r["count"], r["sum"]) for r in data.to_pylist()), info
+
+    def planned(self, users, amounts) -> EpochInput:
+        """The slice of an epoch: here, its rows stand for the source positions."""
+        return EpochInput(self.lineages.generation, slice_identity({"rows": repr(users)}, {"rows": repr(amounts)}))
 
 
 def test_a_rerun_of_a_committed_epoch_returns_the_same_rows_without_applying_twice(tmp_path):
@@ -150,8 +157,9 @@ def test_after_a_restore_a_corrupt_local_copy_is_never_used(tmp_path):
     data = sst.read_bytes()
     sst.unlink()  # hard-linked into the db too: break only the copy
     sst.write_bytes(b"\0" * len(data))
+    d.lineages.restore({0: d.lineages.handle(0)[0]})   # a restore: local disk is not trusted
     t = EpochTask(op(), str(tmp_path / "a"), d.epoch + 1, 1, MAXP, None, 0, False, None, d.storage,
-                  d.lineages.for_tasks(), trust_local=False)
+                  d.lineages.for_tasks(), epoch_input=d.planned(["ann"], [3]))
     data_out, meta = split_meta(t(worker_input(["ann"], [3])), op().output_schema)
     info = json.loads(meta[0][META_INFO])
     assert info["state"]["how"] == "rebuild" and info["state"]["corrupt_local"] == [sst.name]
@@ -169,3 +177,89 @@ def test_change_logs_a_snapshot_replaced_are_handed_out_for_deletion_once_past_a
     assert len(unneeded) == 3 and all("/log/" in p for p in unneeded)   # epochs 0-2, all in the base now
     assert not set(unneeded) & {f.path for f in lin.files()}
     assert d.lineages.take_unneeded(2) == []            # handed out once
+
+
+# -- a re-planned epoch is never taken for a retry ---------------------------------------
+def restore_task(d: Driver, executor_root) -> dict:
+    """The driver's restore job, run for subtask 0 on `executor_root`."""
+    from sparkpoint.runtime.executor.subtask import RestoreTask
+
+    t = RestoreTask(str(executor_root), d.storage, d.lineages.for_tasks(), generation=d.lineages.generation)
+    _, meta = split_meta(t(pa.table({SUBTASK_COL: pa.array([0], pa.int32())})), pa.schema([]))
+    return json.loads(meta[0][META_INFO])
+
+
+def test_a_fresh_start_never_takes_the_failed_attempts_epoch_0_for_a_retry(tmp_path):
+    """The first attempt committed epoch 0 in the local store, then failed before the
+    driver recorded it (its sink could not stage). The job starts fresh, and the driver
+    plans epoch 0 again, over a larger slice (a rate-limited source had more by then)."""
+    d = Driver(tmp_path)
+    d.run(tmp_path / "a", ["ann"], [1], record=False)
+    d.lineages.reset_empty()                                        # the fresh start
+    rows, info = d.run(tmp_path / "a", ["ann", "bob"], [1, 2])
+    assert rows == [("ann", 1, 1), ("bob", 1, 2)], "the rows of the larger slice were dropped"
+    assert info["state"]["how"] == "fresh"
+
+
+def test_after_a_restore_a_store_holding_the_failed_attempts_next_epoch_is_not_a_retry(tmp_path):
+    """On a cluster: checkpoint at epoch 0; the failed attempt committed epoch 1 on
+    executor b. After the restore (rebuilt on executor a), epoch 1 is planned again over
+    another slice and lands on b."""
+    d = Driver(tmp_path)
+    d.run(tmp_path / "a", ["ann"], [1])
+    checkpoint = d.lineages.handle(0)[0]
+    d.run(tmp_path / "b", ["ann"], [10], record=False)              # the failed attempt's epoch 1
+    d.lineages.restore({0: checkpoint})
+    d.epoch = 0
+    restore_task(d, tmp_path / "a")
+    rows, info = d.run(tmp_path / "b", ["ann"], [100])
+    assert rows == [("ann", 2, 101)], "executor b returned the failed attempt's output"
+    assert info["state"]["how"] == "rebuild"
+
+
+def test_a_local_store_of_an_earlier_generation_is_rebuilt_not_trusted(tmp_path):
+    """A store at the restored lineage's tip, on an executor the restore did not run on:
+    local disk is not trusted across a restore (a crash may have damaged it)."""
+    d = Driver(tmp_path)
+    d.run(tmp_path / "b", ["ann"], [1])
+    checkpoint = d.lineages.handle(0)[0]
+    d.lineages.restore({0: checkpoint})
+    restore_task(d, tmp_path / "a")
+    rows, info = d.run(tmp_path / "b", ["ann"], [2])
+    assert rows == [("ann", 2, 3)]
+    assert info["state"]["how"] == "rebuild"
+
+
+def test_the_first_epoch_after_a_restore_uses_the_store_the_restore_built(tmp_path):
+    d = Driver(tmp_path)
+    d.run(tmp_path / "a", ["ann"], [1])
+    checkpoint = d.lineages.handle(0)[0]
+    d.run(tmp_path / "a", ["ann"], [10], record=False)
+    d.lineages.restore({0: checkpoint})
+    d.epoch = 0
+    assert restore_task(d, tmp_path / "a")["state"]["how"] == "rebuild"
+    rows, info = d.run(tmp_path / "a", ["ann"], [100])
+    assert rows == [("ann", 2, 101)]
+    assert info["state"]["how"] == "local"
+
+
+def test_two_runs_of_one_job_name_with_different_checkpoint_directories_never_share_local_state(tmp_path):
+    """Each run's stores are under its own directory of state.local.dir (keyed by the
+    checkpoint location too); a rerun with the same checkpoint directory finds its own."""
+    from sparkpoint import GeneratorSource, ParquetSink, Pipeline
+    from sparkpoint.config import Settings
+    from sparkpoint.runtime.jobmaster import JobMaster
+
+    def local_root(checkpoints) -> str:
+        pipeline = (Pipeline("orders").source(GeneratorSource("g", keys=10, total_events=10))
+                    .stateful(op()).sink(ParquetSink(str(tmp_path / "out"))))
+        settings = Settings.load(None, [f"execution.checkpointing.dir={checkpoints}",
+                                        f"state.local.dir={tmp_path / 'state'}", "sparkpoint.progress=false"],
+                                 base={"pipeline.name": "orders"})
+        return JobMaster(pipeline, settings, spark=object()).local_root
+
+    first, second = local_root(tmp_path / "chk-a"), local_root(tmp_path / "chk-b")
+    assert first != second
+    assert first == local_root(tmp_path / "chk-a")
+    for root in (first, second):
+        assert os.path.dirname(root) == str(tmp_path / "state") and os.path.basename(root).startswith("orders-")

@@ -5,12 +5,14 @@ directory that was replaced. Real processes and real RocksDB stores."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import shutil
 import time
 
 import pyarrow as pa
 import pytest
 
+from sparkpoint.errors import LocalStateHeldError
 from sparkpoint.runtime.executor import kept_stores
 from sparkpoint.state.store import SubtaskStateStore
 
@@ -116,3 +118,89 @@ def test_outside_a_spark_task_nothing_is_kept(tmp_path) -> None:
     assert kept_stores.take(db_dir) is None
     with SubtaskStateStore.open(db_dir, create=False):  # not locked: it was closed
         pass
+
+
+# -- a store another worker still has open is never opened twice or replaced ---------------
+def _hold_in_a_running_task(db_dir: str, ready, commit, done) -> None:
+    """A worker whose task still uses the store (it is not idle, so it does not give it
+    up when asked): commits epoch 0, then, when told, epoch 1, then closes (a flush)."""
+    kept_stores._in_spark_task = lambda: True
+    store = SubtaskStateStore.open(db_dir)
+    kept_stores.opened(db_dir)
+    store.put(b"k", b"holder-0")
+    store.commit_epoch(0, EMPTY)
+    ready.set()
+    commit.wait(60)
+    store.put(b"k", b"holder-1")
+    for i in range(2000):  # enough to make the close write an SST file of its own
+        store.put(b"n%05d" % i, b"x" * 100)
+    store.commit_epoch(1, EMPTY)
+    kept_stores.close(db_dir, store)
+    done.set()
+
+
+def _start_holder(db_dir: str):
+    ctx = mp.get_context("spawn")
+    ready, commit, done = ctx.Event(), ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_in_a_running_task, args=(db_dir, ready, commit, done))
+    holder.start()
+    assert ready.wait(30)
+    return holder, commit, done
+
+
+def test_a_release_that_times_out_fails_the_task(tmp_path) -> None:
+    db_dir = str(tmp_path / "db")
+    holder, commit, done = _start_holder(db_dir)
+    try:
+        with pytest.raises(LocalStateHeldError, match="still held"):
+            kept_stores.release(db_dir, timeout_s=0.5)
+        assert not os.path.exists(db_dir + ".release"), "the request is withdrawn"
+    finally:
+        commit.set()
+        holder.join(30)
+
+
+def test_a_store_directory_whose_lock_is_held_is_never_removed(tmp_path) -> None:
+    """A rebuild on this worker while another worker's task still has the store open:
+    the rebuild fails, and the holder's later flush lands in its own store, whole."""
+    from sparkpoint.runtime.executor.state import SubtaskState, fresh_lineage
+    from sparkpoint.runtime.executor.storage import StorageRef
+
+    root = tmp_path / "state"
+    lineage = fresh_lineage("totals", 0, 1, 4)
+    state = SubtaskState(str(root), lineage, *StorageRef(str(tmp_path / "chk"), "job").open())
+    holder, commit, done = _start_holder(state.db_dir)
+    try:
+        kept_stores_timeout = kept_stores.RELEASE_TIMEOUT_S
+        kept_stores.RELEASE_TIMEOUT_S = 0.5
+        try:
+            with pytest.raises(LocalStateHeldError, match="still held"):
+                state.open(0, trust_local=False)   # must rebuild: it would remove the directory
+        finally:
+            kept_stores.RELEASE_TIMEOUT_S = kept_stores_timeout
+            state.close()
+    finally:
+        commit.set()
+        assert done.wait(30)
+        holder.join(30)
+    with SubtaskStateStore.open(state.db_dir, create=False) as store:
+        assert store.epoch() == 1 and store.get(b"k") == b"holder-1"
+        assert len(list(store.scan_prefix(b"n"))) == 2000
+
+
+def test_a_kept_store_whose_directory_was_replaced_while_in_use_is_not_handed_out_again(tmp_path, in_task) -> None:
+    """The identity that proves a kept handle is the directory's is taken when the store
+    is opened: a directory replaced while the task ran is not the store's."""
+    db_dir = str(tmp_path / "db")
+    store = SubtaskStateStore.open(db_dir)
+    kept_stores.opened(db_dir)
+    store.put(b"k", b"v1")
+    store.commit_epoch(0, EMPTY)
+    rebuild = mp.get_context("spawn").Process(target=_replace, args=(db_dir,))
+    rebuild.start()
+    rebuild.join(30)
+    assert rebuild.exitcode == 0
+    kept_stores.keep(db_dir, store)     # the task ends
+    assert kept_stores.take(db_dir) is None, "the old handle points at deleted files"
+    with SubtaskStateStore.open(db_dir, create=False) as other:
+        assert other.epoch() == 5 and other.get(b"k") == b"v2"
