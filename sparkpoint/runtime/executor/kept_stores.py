@@ -30,6 +30,7 @@ import fcntl
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -248,7 +249,10 @@ def _close(db_dir: str, store: SubtaskStateStore) -> None:
 def _in_spark_task() -> bool:
     """Only Spark's Python workers keep stores: they live on between tasks, and nothing
     else in them opens a store behind the runtime's back (a test or tool calling a task
-    in its own process may well do)."""
+    in its own process may well do). A process that never imported pyspark runs no
+    Spark task, and the processor tester must not pay pyspark's import for the answer."""
+    if "pyspark" not in sys.modules:
+        return False
     from pyspark import TaskContext
 
     return TaskContext.get() is not None
