@@ -55,6 +55,7 @@ from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.executor.state import SubtaskState
 from sparkpoint.runtime.executor.storage import StorageRef
 from sparkpoint.runtime.executor.subtask import META_INFO, EpochTask, RestoreTask
+from sparkpoint.runtime.executor.store_opening import EpochInput
 from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.stage import split_meta
 from sparkpoint.state import dump
@@ -183,7 +184,6 @@ class ProcessorTester:
         self._late_dropped = 0
         self._outputs: list[pa.Table] = []
         self._input_schema: pa.Schema | None = None
-        self._trust_local = True
         self._finished = False
         self.last_epoch_report: dict[str, Any] = {}
 
@@ -206,10 +206,11 @@ class ProcessorTester:
         tester._max_event_time = snap.max_event_time_ms
         tester._manual_watermark = snap.watermark_ms
         tester._late_dropped = snap.late_rows_dropped
-        # The runtime's restore step, then a first epoch that trusts no local file.
+        # The runtime's restore step; it begins a new generation, so no local file of the
+        # old tester is trusted.
         lineages = tester._lineages.for_tasks()
-        RestoreTask(tester._local.path, tester._storage, lineages)(pa.table({SUBTASK_COL: pa.array([0], pa.int32())}))
-        tester._trust_local = False
+        RestoreTask(tester._local.path, tester._storage, lineages,
+                    generation=tester._lineages.generation)(pa.table({SUBTASK_COL: pa.array([0], pa.int32())}))
         return tester
 
     def snapshot(self) -> TesterSnapshot:
@@ -223,12 +224,16 @@ class ProcessorTester:
             fs, layout = self._storage.open()
             state = SubtaskState(self._local.path, lineage, fs, layout)
             try:
-                state.open(lineage.epoch + 1, self._trust_local)
+                state.open(lineage.epoch + 1, given=self._reading())
                 snap = state.materialize(lineage.epoch)
             finally:
                 state.close(keep=True)
             handle = lineage.rebased(snap, int(snap["epoch"])).to_json()
+            # Rebased on the snapshot, the lineage is still this tester's: its store stays
+            # valid, so the generation (which a restore would renew) carries on.
+            generation = self._lineages.generation
             self._lineages.restore({_SUBTASK: handle})
+            self._lineages.generation = generation
         return TesterSnapshot(self.step.name, handle, self._storage.url, self._epoch, self._max_event_time,
                               self._manual_watermark, self._processing_time, self._late_dropped,
                               self._storage_owner)
@@ -340,11 +345,11 @@ class ProcessorTester:
         epoch = self._epoch + 1
         task = EpochTask(op, self._local.path, epoch, 1, self._max_parallelism,
                          None if final else self.watermark_ms, self._processing_time, final, None, self._storage,
-                         self._lineages.for_tasks(), trust_local=self._trust_local)
+                         self._lineages.for_tasks(),
+                         epoch_input=EpochInput(self._lineages.generation, f"tester-epoch-{epoch}"))
         data, meta = split_meta(task.run(_SUBTASK, rows), op.output_schema)
         info = json.loads(meta[0][META_INFO])
         self._lineages.on_epoch(epoch, {_SUBTASK: info})
-        self._trust_local = True
         self._epoch = epoch
         self._late_dropped += int(info.get("late_dropped") or 0)
         self.last_epoch_report = info.get("state") or {}
@@ -391,11 +396,15 @@ class ProcessorTester:
             table = table.append_column(c, pa.array([v] * table.num_rows, type=t))
         return table
 
+    def _reading(self) -> EpochInput:
+        # No slice: a read is never taken for a retry of an epoch.
+        return EpochInput(self._lineages.generation, "")
+
     def _open_state(self) -> SubtaskState:
         lineage = self._lineage()
         fs, layout = self._storage.open()
         state = SubtaskState(self._local.path, lineage, fs, layout)
-        state.open(lineage.epoch + 1, self._trust_local)
+        state.open(lineage.epoch + 1, given=self._reading())
         return state
 
     def _dump(self, read: Any, schema_of: str) -> pd.DataFrame:
