@@ -72,13 +72,13 @@ class _Operation:
         error = self.future.exception()
         if error is not None:
             return {"status": {"id": "COMPLETED"}, "kind": self.kind,
-                    "operation": {"failure-cause": {"class": type(error).__name__, "message": str(error)}}}
+                    "operation": {"failure-cause": {"class": type(error).__name__, "message": mask_url(str(error))}}}
         result = self.future.result()
         op: dict[str, Any] = {}
         if self.kind == "checkpoint":
             op["checkpointId"] = getattr(result, "checkpoint_id", result)
         else:
-            op["location"] = result
+            op["location"] = mask_url(result) if isinstance(result, str) else result
         return {"status": {"id": "COMPLETED"}, "kind": self.kind, "operation": op}
 
 
