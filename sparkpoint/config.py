@@ -160,7 +160,9 @@ class Settings(_Model):
     rest_port: int = Field(8081, alias="rest.port")
     rest_bind_address: str = Field("127.0.0.1", alias="rest.bind-address")
     # Required when rest.bind-address is not a loopback address: anyone who can reach the
-    # port could otherwise stop the job.
+    # port could otherwise stop the job. When set, every request must carry it
+    # (Authorization: Bearer); control requests also accept the job's generated control
+    # token (docs/operations.md, "Who may steer the job").
     rest_token: str | None = Field(None, alias="rest.token")
     alarm_webhook: str | None = Field(None, alias="alarms.webhook-url")
     # Failure rehearsal: rules for sparkpoint.faults (see docs/faults.md).
