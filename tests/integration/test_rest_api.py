@@ -317,6 +317,20 @@ document.getElementById("f2").submit();
     assert not stolen.exists()
 
 
+def test_the_dashboard_of_a_job_with_a_token_loads_and_asks_for_it(running, tmp_path):
+    job, _, _ = running
+    guarded = RestServer(job, "127.0.0.1", 0, token="s3cret")
+    try:
+        done = _browser(_chromium(), tmp_path / "profile", "--virtual-time-budget=3000", "--dump-dom",
+                        f"{guarded.address}/")
+    finally:
+        guarded.close(linger_s=0)
+    assert done.returncode == 0, done.stderr[-2000:]
+    html = done.stdout
+    assert re.search(r'<form id="login" class="login">', html), html[:2000]  # shown, not hidden
+    assert re.search(r'id="error" class="error">cannot reach the job: missing or wrong token', html), html[:3000]
+
+
 def _chromium() -> str:
     path = Path("/usr/bin/chromium")
     if not path.exists():
