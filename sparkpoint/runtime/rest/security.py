@@ -19,6 +19,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import re
 import secrets
 import socket
 import stat
@@ -40,6 +41,10 @@ def runtime_dir() -> Path:
 
 
 def control_token_path(run_id: str) -> Path:
+    # The run id comes from a lease that anyone who can write the checkpoint directory
+    # can write: it must not lead out of the runtime directory.
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", run_id) or run_id.startswith("."):
+        raise ValueError(f"not a run id: {run_id!r}")
     return runtime_dir() / f"rest-{run_id}.token"
 
 
@@ -71,14 +76,14 @@ def read_control_token(run_id: str) -> str | None:
     """The token of run `run_id` on this machine, if this user may read it."""
     try:
         return control_token_path(run_id).read_text().strip() or None
-    except OSError:
+    except (OSError, ValueError):
         return None
 
 
 def remove_control_token(run_id: str) -> None:
     try:
         control_token_path(run_id).unlink()
-    except OSError:
+    except (OSError, ValueError):
         pass
 
 

@@ -194,7 +194,7 @@ def start_rest_server(job: Any) -> RestServer:
         path = security.write_control_token(job.run_id, server.control_token)
         server.token_file = path
         log.info("job %s: the REST API's control token is in %s (readable by this user only)", job.job_name, path)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         log.warning("could not write the REST API's control token (%s): checkpoint, savepoint and stop "
                     "requests are refused%s; set %s to a directory of this user", e,
                     " unless they carry rest.token" if s.rest_token else "", security.RUNTIME_DIR_ENV)

@@ -63,6 +63,15 @@ def test_the_control_token_file_is_readable_by_its_user_only(tmp_path, monkeypat
     assert security.read_control_token("r1") is None
 
 
+def test_a_run_id_from_a_forged_lease_does_not_lead_out_of_the_runtime_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(security.RUNTIME_DIR_ENV, str(tmp_path / "run"))
+    (tmp_path / "secret.token").write_text("not the job's")
+    for run_id in ("../secret", "../../etc/passwd", "", "a/b"):
+        with pytest.raises(ValueError):
+            security.control_token_path(run_id)
+        assert security.read_control_token(run_id) is None
+
+
 def test_the_runtime_dir_is_user_private_by_default(monkeypatch, tmp_path):
     monkeypatch.delenv(security.RUNTIME_DIR_ENV, raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
