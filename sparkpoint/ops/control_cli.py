@@ -92,13 +92,17 @@ def _check_trusted(job: str, record: Any, rest_address: str, address: str | None
                                f"(--address): not sending it anything")
         return
     where = urlsplit(rest_address)
-    if where.scheme != "http" or not where.hostname or not is_loopback(where.hostname):
+    try:
+        port = where.port or 80
+    except ValueError:
+        port = None
+    if where.scheme != "http" or not where.hostname or not is_loopback(where.hostname) or port is None:
         raise ControlError(f"job {job!r} serves its REST API at {rest_address} (from its lease), which is not "
                            f"this machine's loopback; if that is the job, pass --address {rest_address}")
     if record.host != socket.gethostname():
         raise ControlError(f"job {job!r} runs on host {record.host} (pid {record.pid}); its REST API at "
                            f"{rest_address} answers there only: run this command on {record.host}")
-    if _serves(record.pid, record.pidns, where.port or 80) is False:
+    if _serves(record.pid, record.pidns, port) is False:
         raise ControlError(f"{rest_address} is not served by the process of job {job!r} (pid {record.pid}) on this host: "
                            f"not sending it anything; is the job still running?")
 
