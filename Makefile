@@ -25,10 +25,15 @@ kafka-jars: bootstrap
 	@command -v mvn >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq maven >/dev/null; else echo "error: mvn (Apache Maven) is needed once to fetch the Kafka broker jars from Maven Central; install it (apt-get install maven)" >&2; exit 1; fi; }
 	bash scripts/fetch_kafka.sh
 
+# The browser tests (dashboard, cross-site requests) drive /usr/bin/chromium; no test installs it.
+.PHONY: chromium
+chromium:
+	@test -x /usr/bin/chromium || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; else echo "error: the browser tests need Chromium at /usr/bin/chromium; install it (apt-get install chromium)" >&2; exit 1; fi; }
+
 demo: bootstrap
 	$(VENV)/bin/sparkpoint run examples/demo.py --config examples/demo.yaml
 
-test: bootstrap kafka-jars
+test: bootstrap kafka-jars chromium
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # The docs site with the API reference from the docstrings, into site/.

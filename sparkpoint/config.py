@@ -96,6 +96,12 @@ class Settings(_Model):
     num_retained: int = Field(3, alias="execution.checkpointing.num-retained")
     checkpointing_enabled: bool = Field(True, alias="execution.checkpointing.enabled")
     storage_options: dict[str, Any] = Field(default_factory=dict, alias="execution.checkpointing.storage-options")
+    # Where savepoints asked for over the REST API (and so the CLI) may be written besides
+    # below execution.checkpointing.dir: paths or URLs (s3://bucket/savepoints); a target
+    # must lie below one of them. Anything else is refused, so a request cannot send the
+    # job's state to a server or to another disk.
+    savepoint_allowed_targets: list[str] = Field(default_factory=list,
+                                                 alias="execution.checkpointing.savepoint.allowed-targets")
 
     # -- parallelism / key groups ----------------------------------------------------
     parallelism: int = Field(2, alias="parallelism.default")
@@ -154,7 +160,9 @@ class Settings(_Model):
     rest_port: int = Field(8081, alias="rest.port")
     rest_bind_address: str = Field("127.0.0.1", alias="rest.bind-address")
     # Required when rest.bind-address is not a loopback address: anyone who can reach the
-    # port could otherwise stop the job.
+    # port could otherwise stop the job. When set, every request must carry it
+    # (Authorization: Bearer); control requests also accept the job's generated control
+    # token (docs/operations.md, "Who may steer the job").
     rest_token: str | None = Field(None, alias="rest.token")
     alarm_webhook: str | None = Field(None, alias="alarms.webhook-url")
     # Failure rehearsal: rules for sparkpoint.faults (see docs/faults.md).

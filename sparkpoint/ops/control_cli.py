@@ -8,22 +8,30 @@
 The job is found through its lease in DIR (who runs it: host, pid, and where it serves
 its REST API), so nobody has to know which port a job took. A job that is not running is
 one error line and exit code 1. `kill -USR1 <pid>` still takes a checkpoint where the
-API is off (rest.enabled=false)."""
+API is off (rest.enabled=false).
+
+Anyone who can write DIR can write a lease, so the address in it is not trusted blindly:
+a token goes only to a loopback address served by the lease's own process on this host,
+or to the address given with --address. The job's control token is read from its
+user-private file (sparkpoint/runtime/rest/security.py); --token is for rest.token."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import os
+import socket
 import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import click
+
+from sparkpoint.runtime.rest.security import control_token_path, is_loopback, read_control_token
 
 _POLL_S = 0.2
 
@@ -45,8 +53,10 @@ class RunningJob:
         return f"{self.address}/jobs/{quote(self.name, safe='')}{path}"
 
 
-def locate(directory: str, job: str, storage_options: dict | None = None, token: str | None = None) -> RunningJob:
-    """The running job under DIR, from its lease; ControlError if it is not running."""
+def locate(directory: str, job: str, storage_options: dict | None = None, token: str | None = None,
+           address: str | None = None) -> RunningJob:
+    """The running job under DIR, from its lease; ControlError if it is not running, or
+    if the lease's REST address is not one to trust (see the module's docstring)."""
     from sparkpoint.errors import StorageError
     from sparkpoint.storage.fs import StorageFS
     from sparkpoint.storage.layout import JobLayout
@@ -69,8 +79,62 @@ def locate(directory: str, job: str, storage_options: dict | None = None, token:
     if not record.rest_address:
         raise ControlError(f"job {job!r} runs on {record.host} (pid {record.pid}) without a REST API "
                            f"(rest.enabled=false?); `kill -USR1 {record.pid}` there takes a checkpoint")
-    return RunningJob(job, record.rest_address.rstrip("/"), record.host, record.pid, record.run_id,
-                      token or os.environ.get("SPARKPOINT_REST_TOKEN") or None)
+    rest_address = record.rest_address.rstrip("/")
+    _check_trusted(job, record, rest_address, address)
+    return RunningJob(job, rest_address, record.host, record.pid, record.run_id,
+                      token or os.environ.get("SPARKPOINT_REST_TOKEN") or read_control_token(record.run_id))
+
+
+def _check_trusted(job: str, record: Any, rest_address: str, address: str | None) -> None:
+    if address is not None:
+        if address.rstrip("/").lower() != rest_address.lower():
+            raise ControlError(f"the lease of job {job!r} names REST address {rest_address}, not {address} "
+                               f"(--address): not sending it anything")
+        return
+    where = urlsplit(rest_address)
+    try:
+        port = where.port or 80
+    except ValueError:
+        port = None
+    if where.scheme != "http" or not where.hostname or not is_loopback(where.hostname) or port is None:
+        raise ControlError(f"job {job!r} serves its REST API at {rest_address} (from its lease), which is not "
+                           f"this machine's loopback; if that is the job, pass --address {rest_address}")
+    if record.host != socket.gethostname():
+        raise ControlError(f"job {job!r} runs on host {record.host} (pid {record.pid}); its REST API at "
+                           f"{rest_address} answers there only: run this command on {record.host}")
+    if _serves(record.pid, record.pidns, port) is False:
+        raise ControlError(f"{rest_address} is not served by the process of job {job!r} (pid {record.pid}) on this host: "
+                           f"not sending it anything; is the job still running?")
+
+
+def _serves(pid: int, pidns: str | None, port: int) -> bool | None:
+    """Whether process `pid` listens on TCP `port` here (Linux /proc); None where that
+    cannot be told (no /proc, another PID namespace, another user's process)."""
+    try:
+        if pidns is not None and os.readlink("/proc/self/ns/pid") != pidns:
+            return None
+        inodes = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(table) as f:
+                    rows = f.read().splitlines()[1:]
+            except FileNotFoundError:
+                continue
+            for row in rows:
+                fields = row.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                    inodes.add(fields[9])
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (OSError, ValueError, IndexError):
+        return None
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            return True
+    return False
 
 
 def _iso(ms: int) -> str:
@@ -91,7 +155,11 @@ def call(job: RunningJob, method: str, path: str, body: dict | None = None, time
             errors = json.loads(e.read()).get("errors") or [e.reason]
         except ValueError:
             errors = [e.reason]
-        raise ControlError(f"job {job.name!r} at {job.address}: {e.code} {'; '.join(map(str, errors))}") from None
+        hint = ""
+        if e.code == 401 and not job.token:
+            hint = (f" (this user cannot read the job's control token {control_token_path(job.run_id)}: run the "
+                    f"command as the job's user, or pass --token)")
+        raise ControlError(f"job {job.name!r} at {job.address}: {e.code} {'; '.join(map(str, errors))}{hint}") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise ControlError(f"job {job.name!r} does not answer at {job.address} (host {job.host}, pid {job.pid}): "
@@ -131,6 +199,9 @@ def _common(fn):
         click.option("--json", "as_json", is_flag=True, help="print JSON"),
         click.option("--token", default=None, envvar="SPARKPOINT_REST_TOKEN",
                      help="the job's rest.token, if it has one (or SPARKPOINT_REST_TOKEN)"),
+        click.option("--address", default=None, envvar="SPARKPOINT_REST_ADDRESS", metavar="URL",
+                     help="the job's REST address when it is not on this machine's loopback: the lease must "
+                          "name this one (or SPARKPOINT_REST_ADDRESS)"),
         click.option("--storage-options", default=None, metavar="JSON", help="fsspec options for DIR"),
     ]):
         fn = option(fn)
@@ -170,10 +241,11 @@ def _bytes(n: Any) -> str:
 
 @click.command()
 @_common
-def status(directory: str, job: str, as_json: bool, token: str | None, storage_options: str | None) -> None:
+def status(directory: str, job: str, as_json: bool, token: str | None, address: str | None,
+           storage_options: str | None) -> None:
     """Status, throughput, lag, watermark and checkpoints of a running job."""
     def go() -> None:
-        target = locate(directory, job, _options(storage_options), token)
+        target = locate(directory, job, _options(storage_options), token, address)
         overview = call(target, "GET", "")
         checkpoints = call(target, "GET", "/checkpoints")
         if as_json:
@@ -205,11 +277,11 @@ def status(directory: str, job: str, as_json: bool, token: str | None, storage_o
 @click.command()
 @_common
 @click.option("--timeout", default=600.0, show_default=True, help="seconds to wait for the checkpoint")
-def checkpoint(directory: str, job: str, as_json: bool, token: str | None, storage_options: str | None,
-               timeout: float) -> None:
+def checkpoint(directory: str, job: str, as_json: bool, token: str | None, address: str | None,
+               storage_options: str | None, timeout: float) -> None:
     """Take a checkpoint of a running job now (like `kill -USR1 <pid>`), and wait for it."""
     def go() -> None:
-        target = locate(directory, job, _options(storage_options), token)
+        target = locate(directory, job, _options(storage_options), token, address)
         request_id = call(target, "POST", "/checkpoints", {})["request-id"]
         operation = wait_for(target, f"/checkpoints/{request_id}", timeout)
         cid = operation.get("checkpointId")
@@ -222,11 +294,11 @@ def checkpoint(directory: str, job: str, as_json: bool, token: str | None, stora
 @_common
 @click.option("--target", default=None, metavar="PATH", help="where to write it (default: the job's savepoint dir)")
 @click.option("--timeout", default=600.0, show_default=True, help="seconds to wait for the savepoint")
-def savepoint(directory: str, job: str, as_json: bool, token: str | None, storage_options: str | None,
-              target: str | None, timeout: float) -> None:
+def savepoint(directory: str, job: str, as_json: bool, token: str | None, address: str | None,
+              storage_options: str | None, target: str | None, timeout: float) -> None:
     """Take a savepoint of a running job; prints its path."""
     def go() -> None:
-        running = locate(directory, job, _options(storage_options), token)
+        running = locate(directory, job, _options(storage_options), token, address)
         body = {"target-directory": target} if target else {}
         request_id = call(running, "POST", "/savepoints", body)["request-id"]
         location = wait_for(running, f"/savepoints/{request_id}", timeout).get("location")
@@ -240,11 +312,11 @@ def savepoint(directory: str, job: str, as_json: bool, token: str | None, storag
 @click.option("--savepoint", "savepoint_to", is_flag=False, flag_value="", default=None, metavar="[PATH]",
               help="take a final savepoint (at PATH, or the job's default) before stopping")
 @click.option("--timeout", default=600.0, show_default=True, help="seconds to wait for the job to stop")
-def stop(directory: str, job: str, as_json: bool, token: str | None, storage_options: str | None,
-         savepoint_to: str | None, timeout: float) -> None:
+def stop(directory: str, job: str, as_json: bool, token: str | None, address: str | None,
+         storage_options: str | None, savepoint_to: str | None, timeout: float) -> None:
     """Stop a running job, with or without a final savepoint; prints the savepoint's path."""
     def go() -> None:
-        running = locate(directory, job, _options(storage_options), token)
+        running = locate(directory, job, _options(storage_options), token, address)
         body: dict[str, Any] = {"savepoint": savepoint_to is not None}
         if savepoint_to:
             body["target-directory"] = savepoint_to

@@ -10,17 +10,28 @@
   and the job ends FINISHED. If the savepoint fails the job keeps running, as Flink's.
 
 Both are asked from any thread (REST handlers, the control thread) and run on the
-main thread, which owns the epoch loop: a request is only queued here."""
+main thread, which owns the epoch loop: a request is only queued here.
+
+A savepoint copies all of the job's state, so a target asked for from outside the job
+(the REST API, hence the CLI) must lie below the checkpoint directory or below one of
+`execution.checkpointing.savepoint.allowed-targets` (`check_target`): a request cannot
+send the state to an http:// URL or another disk. The job's own code, which holds the
+state anyway, may write a savepoint anywhere."""
 
 from __future__ import annotations
 
 import logging
+import os
+import posixpath
 import queue
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import urlsplit
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
+from sparkpoint.errors import ConfigError
+from sparkpoint.redaction import mask_url
 from sparkpoint.runtime.gateway import Barrier
 from sparkpoint.runtime.failures import summarize as _summary
 
@@ -57,6 +68,33 @@ def savepoint_identity(data: CompletedCheckpointData) -> str:
     return f"{data.job_name}/{data.checkpoint_id}@{data.completion_timestamp_ms}"
 
 
+def _place(url: str) -> tuple[str, str, str] | None:
+    """(scheme, location, normalized path) of a path or URL; None if it cannot be judged
+    (a query, a fragment, `..` in a URL)."""
+    parts = urlsplit(url)
+    if len(parts.scheme) <= 1 or parts.scheme == "file":  # a local path (or C:\...)
+        local = parts.path if parts.scheme == "file" else url
+        return "file", "", os.path.realpath(os.path.expanduser(local))
+    if parts.query or parts.fragment or ".." in parts.path.split("/"):
+        return None
+    return parts.scheme.lower(), parts.netloc, posixpath.normpath("/" + parts.path.lstrip("/"))
+
+
+def check_target(target: str, checkpoint_dir: str, allowed: list[str]) -> None:
+    """ConfigError unless `target` lies below the checkpoint directory or an allowed place."""
+    place = _place(target)
+    if place is not None:
+        for root in [checkpoint_dir, *allowed]:
+            base = _place(root)
+            if base is not None and place[:2] == base[:2] and (
+                    place[2] == base[2] or place[2].startswith(base[2].rstrip("/") + "/")):
+                return
+    raise ConfigError(
+        f"savepoint target {mask_url(target)} is refused: a savepoint copies all of the job's state, so it goes "
+        f"below the checkpoint directory ({mask_url(checkpoint_dir)}) or below a place listed in "
+        f"execution.checkpointing.savepoint.allowed-targets ({', '.join(map(mask_url, allowed)) or 'none set'})")
+
+
 class SavepointSteps:
     """JobMaster's savepoint and stop steps; they use the job's attributes (coordinator,
     gateway, settings, progress, _stop_requests)."""
@@ -64,7 +102,7 @@ class SavepointSteps:
     # ------------------------------------------------------------------ public
     def trigger_savepoint(self, target: str | None = None) -> Future:
         """Take a savepoint now; the future completes with its path (or URL)."""
-        log.info("savepoint requested%s", f" to {target}" if target else "")
+        log.info("savepoint requested%s", f" to {mask_url(target)}" if target else "")
         return self._savepoint_path(self.coordinator.trigger_savepoint(target))
 
     def stop(self, savepoint: bool = True, target: str | None = None) -> Future:

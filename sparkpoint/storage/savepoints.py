@@ -17,6 +17,7 @@ Retention and garbage collection never look below `savepoints/` or a foreign tar
 
 from __future__ import annotations
 
+import os
 import posixpath
 import uuid
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ def initialize(fs: StorageFS, location: SavepointLocation) -> None:
         raise MetadataExistsError(f"{location.url} already holds a savepoint; pick another target "
                                   "(an existing savepoint is never overwritten)")
     fs.makedirs(location.path)
+    if fs.is_local:
+        # A copy of all of the job's state: other users of the machine may not read it,
+        # whatever the umask made of the files the executors copy into it.
+        os.chmod(location.path, 0o700)
 
 
 def commit(fs: StorageFS, location: SavepointLocation, data: CompletedCheckpointData) -> None:

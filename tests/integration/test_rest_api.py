@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.spark
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "rest-api"
+SECRET = "s3-secret-do-not-show"
 
 
 def _request(url: str, method: str = "GET", body: bytes | None = None, headers: dict | None = None):
@@ -51,9 +54,19 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+def _control(job) -> dict:
+    """The headers the CLI sends: the job's control token (from its 0600 file) and JSON."""
+    from sparkpoint.runtime.rest.security import read_control_token
+
+    return {"Authorization": f"Bearer {read_control_token(job.run_id)}", "Content-Type": "application/json"}
+
+
 @pytest.fixture(scope="module")
 def running(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("rest")
+    # The job's user-private runtime directory, where it keeps its control token.
+    previous_runtime_dir = os.environ.get("SPARKPOINT_RUNTIME_DIR")
+    os.environ["SPARKPOINT_RUNTIME_DIR"] = str(root / "run")
     pipeline = (Pipeline(JOB)
                 .source(GeneratorSource("events", keys=50, total_events=50_000_000, max_records_per_epoch=2_000, splits=2))
                 .watermark("ts", "1 s")
@@ -62,7 +75,9 @@ def running(spark, tmp_path_factory):
     settings = Settings.load(overrides={
         "pipeline.name": JOB, "execution.checkpointing.dir": str(root / "chk"),
         "state.local.dir": str(root / "state"), "execution.checkpointing.interval": "700 ms",
-        "sparkpoint.progress": False, "rest.port": 0, "restart-strategy.type": "none"})
+        "sparkpoint.progress": False, "rest.port": 0, "restart-strategy.type": "none",
+        "spark.conf": {"spark.hadoop.fs.s3a.secret.key": SECRET, "spark.hadoop.fs.s3a.access.key": "AKIAEXAMPLE"},
+        "execution.checkpointing.savepoint.allowed-targets": [str(root / "savepoints")]})
     job = JobMaster(pipeline, settings, spark=spark)
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.setdefault("result", job.run()), daemon=True)
@@ -74,6 +89,10 @@ def running(spark, tmp_path_factory):
     yield job, base, str(root / "chk")
     job.cancel()
     thread.join(120)
+    if previous_runtime_dir is None:
+        os.environ.pop("SPARKPOINT_RUNTIME_DIR", None)
+    else:
+        os.environ["SPARKPOINT_RUNTIME_DIR"] = previous_runtime_dir
     assert not thread.is_alive()
 
 
@@ -135,14 +154,14 @@ def test_bad_requests_get_a_4xx_with_a_json_error(running):
         ("PUT", f"/jobs/{JOB}/checkpoints", None, 405),
     ]
     for method, path, body, expected in cases:
-        status, answer = _request(base + path, method, body, {"Content-Type": "application/json"})
+        status, answer = _request(base + path, method, body, _control(running[0]))
         assert status == expected, (method, path, status, answer)
         assert isinstance(answer, dict) and answer["errors"] and isinstance(answer["errors"][0], str)
 
 
 def test_trigger_a_checkpoint_and_follow_the_request(running):
-    _, base, _ = running
-    status, body = _request(f"{base}/jobs/{JOB}/checkpoints", "POST", b"")
+    job, base, _ = running
+    status, body = _request(f"{base}/jobs/{JOB}/checkpoints", "POST", b"", _control(job))
     assert status == 202
     url = f"{base}/jobs/{JOB}/checkpoints/{body['request-id']}"
     answer = _wait("the triggered checkpoint", lambda: (a := _request(url)[1])["status"]["id"] == "COMPLETED" and a)
@@ -151,16 +170,179 @@ def test_trigger_a_checkpoint_and_follow_the_request(running):
     assert any(h["id"] == checkpoint_id and h["status"] == "COMPLETED" for h in history)
 
 
-def test_savepoint_request(running, tmp_path):
-    job, base, _ = running
+def test_savepoint_request(running):
+    job, base, directory = running
+    target = Path(directory).parent / "savepoints" / "sp"
     status, body = _request(f"{base}/jobs/{JOB}/savepoints", "POST",
-                            json.dumps({"target-directory": str(tmp_path / "sp")}).encode())
+                            json.dumps({"target-directory": str(target)}).encode(), _control(job))
     assert status == 202
     url = f"{base}/jobs/{JOB}/savepoints/{body['request-id']}"
     answer = _wait("the savepoint", lambda: (a := _request(url)[1])["status"]["id"] == "COMPLETED" and a)
     assert "failure-cause" not in answer["operation"], answer
-    assert answer["operation"]["location"] == str(tmp_path / "sp")
-    assert (tmp_path / "sp" / "_metadata").exists()
+    assert answer["operation"]["location"] == str(target)
+    assert (target / "_metadata").exists()
+    # The copy of the job's state is not readable by other users of the machine.
+    assert stat.S_IMODE(target.stat().st_mode) & 0o077 == 0, oct(target.stat().st_mode)
+
+
+def test_a_post_without_the_control_token_is_refused(running):
+    job, base, _ = running
+    for headers in ({"Content-Type": "application/json"},
+                    {"Content-Type": "application/json", "Authorization": "Bearer not-the-token"}):
+        status, answer = _request(f"{base}/jobs/{JOB}/checkpoints", "POST", b"{}", headers)
+        assert status == 401 and "token" in answer["errors"][0], (status, answer)
+    status, answer = _request(f"{base}/jobs/{JOB}/stop", "POST", b"{}", {"Content-Type": "application/json"})
+    assert status == 401, answer
+    assert not job.status.status.terminal and job._stop_requests.empty()
+
+
+def test_the_control_token_is_in_a_file_only_the_job_user_can_read(running):
+    from sparkpoint.runtime.rest.security import control_token_path
+
+    job, _, _ = running
+    path = control_token_path(job.run_id)
+    assert path.parent == Path(os.environ["SPARKPOINT_RUNTIME_DIR"])
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.stat().st_uid == os.getuid()
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert len(path.read_text().strip()) >= 32
+
+
+def test_a_post_that_is_not_json_is_refused(running):
+    job, base, _ = running
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {**_control(job)}
+        if content_type:
+            headers["Content-Type"] = content_type
+        else:
+            del headers["Content-Type"]
+        status, answer = _request(f"{base}/jobs/{JOB}/stop", "POST", b'{"drain": false}', headers)
+        assert status == 415 and "application/json" in answer["errors"][0], (content_type, status, answer)
+    assert not job.status.status.terminal and job._stop_requests.empty()
+
+
+def test_a_request_for_another_host_name_is_refused(running):
+    """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1."""
+    job, base, _ = running
+    port = base.rsplit(":", 1)[1]
+    for method, path, body in (("GET", f"/jobs/{JOB}/config", None), ("GET", "/jobs/overview", None),
+                               ("POST", f"/jobs/{JOB}/checkpoints", b"{}")):
+        status, answer = _request(base + path, method, body, {**_control(job), "Host": f"evil.example:{port}"})
+        assert status == 403 and "Host" in answer["errors"][0], (path, status, answer)
+    status, _ = _request(base + "/jobs/overview", headers={"Host": f"localhost:{port}"})
+    assert status == 200
+
+
+def test_a_cross_origin_post_is_refused(running):
+    job, base, _ = running
+    for origin in ("http://127.0.0.1:1", "http://evil.example", "null"):
+        status, answer = _request(f"{base}/jobs/{JOB}/checkpoints", "POST", b"{}", {**_control(job), "Origin": origin})
+        assert status == 403 and "Origin" in answer["errors"][0], (origin, status, answer)
+    status, answer = _request(f"{base}/jobs/{JOB}/checkpoints", "POST", b"{}", {**_control(job), "Origin": base})
+    assert status == 202, answer
+
+
+def test_a_savepoint_outside_the_checkpoint_storage_is_refused(running, tmp_path):
+    job, base, directory = running
+    for target in ("http://127.0.0.1:1/steal", str(tmp_path / "elsewhere"), f"{directory}/../../outside",
+                   "memory://x/y"):
+        for path, body in (("savepoints", {"target-directory": target}),
+                           ("stop", {"savepoint": True, "target-directory": target})):
+            status, answer = _request(f"{base}/jobs/{JOB}/{path}", "POST", json.dumps(body).encode(), _control(job))
+            assert status == 403 and "allowed-targets" in answer["errors"][0], (target, status, answer)
+    assert not (tmp_path / "elsewhere").exists()
+    assert not job.status.status.terminal and job._stop_requests.empty()
+
+
+def test_the_config_shows_no_secret(running):
+    _, base, _ = running
+    config = _request(f"{base}/jobs/{JOB}/config")[1]["execution-config"]
+    assert SECRET not in json.dumps(config) and "AKIAEXAMPLE" not in json.dumps(config)
+    assert config["spark.conf"]["spark.hadoop.fs.s3a.secret.key"] == "******"
+    assert config["spark.conf"]["spark.hadoop.fs.s3a.access.key"] == "******"
+    assert config["pipeline.name"] == JOB
+
+
+def test_a_web_page_from_another_origin_cannot_stop_the_job_or_take_a_savepoint(running, tmp_path):
+    """A real browser opens an attacker's page (another port on 127.0.0.1) that POSTs to
+    the job: a no-cors fetch with a JSON body, and auto-submitted forms whose text/plain
+    body is valid JSON. The job keeps running and no savepoint is written."""
+    import http.server
+
+    chromium = _chromium()
+    job, base, directory = running
+    stolen = Path(directory).parent / "savepoints" / "stolen"
+    payload = {"target-directory": str(stolen)}
+    page = f"""<!doctype html><html><body>
+<form id="f1" method="POST" enctype="text/plain" action="{base}/jobs/{JOB}/savepoints" target="sink1">
+  <input name='{{"target-directory": "{stolen}/form' value='"}}'></form>
+<form id="f2" method="POST" enctype="text/plain" action="{base}/jobs/{JOB}/stop" target="sink2">
+  <input name='{{"drain": "' value='"}}'></form>
+<iframe name="sink1"></iframe><iframe name="sink2"></iframe>
+<script>
+fetch({json.dumps(base + f"/jobs/{JOB}/savepoints")}, {{method: "POST", mode: "no-cors",
+      headers: {{"Content-Type": "text/plain"}}, body: {json.dumps(json.dumps(payload))}}});
+fetch({json.dumps(base + f"/jobs/{JOB}/stop")}, {{method: "POST", mode: "no-cors", body: "{{}}"}});
+fetch({json.dumps(base + f"/jobs/{JOB}/stop")}, {{method: "POST", headers: {{"Content-Type": "application/json"}},
+      body: "{{}}"}}).catch(() => {{}});
+document.getElementById("f1").submit();
+document.getElementById("f2").submit();
+</script></body></html>""".encode()
+    seen: list[str] = []
+
+    class Attacker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    try:
+        done = _browser(chromium, tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom",
+                        f"http://127.0.0.1:{attacker.server_address[1]}/")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert seen, "the browser did not load the attacker's page"
+    finally:
+        attacker.shutdown()
+        attacker.server_close()
+    time.sleep(2)  # a stop would have been queued by now; the main thread serves it within an epoch
+    assert not job.status.status.terminal and job._stop_requests.empty()
+    assert job.status.status == JobStatus.RUNNING
+    assert not stolen.exists()
+
+
+def test_the_dashboard_of_a_job_with_a_token_loads_and_asks_for_it(running, tmp_path):
+    job, _, _ = running
+    guarded = RestServer(job, "127.0.0.1", 0, token="s3cret")
+    try:
+        done = _browser(_chromium(), tmp_path / "profile", "--virtual-time-budget=3000", "--dump-dom",
+                        f"{guarded.address}/")
+    finally:
+        guarded.close(linger_s=0)
+    assert done.returncode == 0, done.stderr[-2000:]
+    html = done.stdout
+    assert re.search(r'<form id="login" class="login">', html), html[:2000]  # shown, not hidden
+    assert re.search(r'id="error" class="error">cannot reach the job: missing or wrong token', html), html[:3000]
+
+
+def _chromium() -> str:
+    path = Path("/usr/bin/chromium")
+    if not path.exists():
+        pytest.fail("chromium is not installed at /usr/bin/chromium: `make test` installs it "
+                    "(apt-get install chromium)")
+    return str(path)
+
+
+def _browser(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           "--no-first-run", f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_every_documented_metric_is_on_metrics(running):
@@ -186,6 +368,20 @@ def test_a_token_is_required_when_configured(running):
         assert status == 401 and "token" in body["errors"][0]
         status, body = _request(f"{guarded.address}/jobs/overview", headers={"Authorization": "Bearer s3cret"})
         assert status == 200 and body["jobs"][0]["name"] == JOB
+    finally:
+        guarded.close(linger_s=0)
+
+
+def test_a_token_in_the_query_string_is_refused(running):
+    """A token in a URL ends up in logs, shell history and the browser's history."""
+    job, _, _ = running
+    guarded = RestServer(job, "127.0.0.1", 0, token="s3cret")
+    try:
+        status, body = _request(f"{guarded.address}/jobs/overview?token=s3cret")
+        assert status == 400 and "Authorization" in body["errors"][0], (status, body)
+        status, body = _request(f"{guarded.address}/jobs/{JOB}/checkpoints?token=s3cret", "POST", b"{}",
+                                {"Content-Type": "application/json"})
+        assert status == 400, (status, body)
     finally:
         guarded.close(linger_s=0)
 

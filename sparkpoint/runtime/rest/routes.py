@@ -7,12 +7,12 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
+from sparkpoint.errors import ConfigError
+from sparkpoint.redaction import mask_url, masked
+from sparkpoint.runtime.savepoints import check_target
 from sparkpoint.runtime.rest.server import ApiError, RestServer, metrics_page, static_file
 
 JSON = "application/json"
-
-# Configuration keys whose values are secrets: shown as "******".
-_SECRET_KEYS = {"rest.token", "execution.checkpointing.storage-options", "alarms.webhook-url"}
 
 
 def handle(server: RestServer, method: str, path: str, query: dict[str, list[str]],
@@ -58,7 +58,7 @@ def _get(server: RestServer, parts: list[str], query: dict[str, list[str]]) -> t
                     "min_pause": s.checkpoint_min_pause_ms, "max_concurrent": s.checkpoint_max_concurrent,
                     "tolerable_failed_checkpoints": s.tolerable_failed_checkpoints,
                     "num_retained": s.num_retained, "enabled": s.checkpointing_enabled,
-                    "checkpoint_storage": s.checkpoint_dir}, JSON
+                    "checkpoint_storage": masked("execution.checkpointing.dir", s.checkpoint_dir)}, JSON
     if len(rest) == 3 and rest[:2] == ["checkpoints", "details"]:
         return ok, checkpoint_details(server, _int_id(rest[2])), JSON
     if len(rest) == 2 and rest[0] == "checkpoints":
@@ -136,6 +136,12 @@ def _call(job: Any, name: str, target: str | None, **options: Any) -> Future:
     method = getattr(job, name, None)
     if method is None:
         raise ApiError(HTTPStatus.NOT_IMPLEMENTED, f"this sparkpoint version cannot {name.replace('_', ' ')} yet")
+    if target is not None:
+        s = job.settings
+        try:
+            check_target(target, s.checkpoint_dir, s.savepoint_allowed_targets)
+        except ConfigError as e:
+            raise ApiError(HTTPStatus.FORBIDDEN, str(e)) from None
     return method(target, **options)
 
 
@@ -189,7 +195,7 @@ def checkpoints_view(server: RestServer) -> dict[str, Any]:
 
 def _checkpoint_path(job: Any, checkpoint_id: int) -> str | None:
     try:
-        return f"{job.storage.layout.root.rstrip('/')}/chk-{checkpoint_id}"
+        return mask_url(f"{job.storage.layout.root.rstrip('/')}/chk-{checkpoint_id}")
     except Exception:
         return None
 
@@ -227,5 +233,5 @@ def config_view(job: Any) -> dict[str, Any]:
     for name, field in type(s).model_fields.items():
         key = field.alias or name
         value = getattr(s, name)
-        values[key] = "******" if key in _SECRET_KEYS and value else value
+        values[key] = masked(key, value)
     return {"jid": job.job_name, "name": job.job_name, "run-id": job.run_id, "execution-config": values}

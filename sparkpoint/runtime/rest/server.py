@@ -15,14 +15,15 @@
     GET  /                                      the dashboard (static files in ./static)
 
 `http.server`'s ThreadingHTTPServer: a handful of operators and one scraper, on
-loopback unless configured otherwise (then with a bearer token). Handlers only read
+loopback unless configured otherwise (then with a bearer token for every request).
+Every POST needs the job's control token, JSON, a `Host` naming this server and no
+foreign `Origin` (security.py). Handlers only read
 the job's state or call its thread-safe entry points (trigger_checkpoint,
 trigger_savepoint, stop_with_savepoint, cancel); the operations they start are kept
 under this module's lock."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import mimetypes
@@ -38,6 +39,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sparkpoint.redaction import mask_url
+from sparkpoint.runtime.rest import security
 from sparkpoint.runtime.rest.observer import JobObserver, RuntimeCollector
 
 log = logging.getLogger(__name__)
@@ -69,20 +72,24 @@ class _Operation:
         error = self.future.exception()
         if error is not None:
             return {"status": {"id": "COMPLETED"}, "kind": self.kind,
-                    "operation": {"failure-cause": {"class": type(error).__name__, "message": str(error)}}}
+                    "operation": {"failure-cause": {"class": type(error).__name__, "message": mask_url(str(error))}}}
         result = self.future.result()
         op: dict[str, Any] = {}
         if self.kind == "checkpoint":
             op["checkpointId"] = getattr(result, "checkpoint_id", result)
         else:
-            op["location"] = result
+            op["location"] = mask_url(result) if isinstance(result, str) else result
         return {"status": {"id": "COMPLETED"}, "kind": self.kind, "operation": op}
 
 
 class RestServer:
-    def __init__(self, job: Any, host: str = "127.0.0.1", port: int = 8081, token: str | None = None) -> None:
+    def __init__(self, job: Any, host: str = "127.0.0.1", port: int = 8081, token: str | None = None,
+                 control_token: str | None = None) -> None:
         self.job = job
         self.token = token
+        # What a POST must carry (besides `token`, if configured): see security.py.
+        self.control_token = control_token or security.new_control_token()
+        self.bind_host = host
         self.observer = JobObserver(job)
         self._collector = RuntimeCollector(self.observer)
         registry = job.coordinator.stats.registry
@@ -101,6 +108,7 @@ class RestServer:
                                         name="sparkpoint-rest", daemon=True)
         self._thread.start()
         self._extra: list[ThreadingHTTPServer] = []
+        self.token_file: Any = None
 
     @property
     def address(self) -> str:
@@ -122,6 +130,8 @@ class RestServer:
             httpd.shutdown()
             httpd.server_close()
         self.observer.close()
+        if self.token_file is not None:
+            security.remove_control_token(self.job.run_id)
         if self._owns_collector:
             self._registry.unregister(self._collector)
 
@@ -180,6 +190,14 @@ def _declare_kafka_metrics(registry: Any) -> None:
 def start_rest_server(job: Any) -> RestServer:
     s = job.settings
     server = RestServer(job, s.rest_bind_address, s.rest_port, s.rest_token)
+    try:
+        path = security.write_control_token(job.run_id, server.control_token)
+        server.token_file = path
+        log.info("job %s: the REST API's control token is in %s (readable by this user only)", job.job_name, path)
+    except (OSError, ValueError) as e:
+        log.warning("could not write the REST API's control token (%s): checkpoint, savepoint and stop "
+                    "requests are refused%s; set %s to a directory of this user", e,
+                    " unless they carry rest.token" if s.rest_token else "", security.RUNTIME_DIR_ENV)
     if s.metrics_port:
         server.serve_metrics_on(s.metrics_port)
     log.info("job %s: REST API and dashboard on %s", job.job_name, server.address)
@@ -199,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("rest: " + format, *args)
+        log.debug("rest: %s", mask_url(format % args))
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -220,26 +238,29 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         try:
-            body = self._body()
+            raw = self._raw_body()
             if self.metrics_only and url.path != "/metrics":
                 raise ApiError(HTTPStatus.NOT_FOUND, "this port serves /metrics only")
-            self._authorize(query)
+            self._check_caller(method, url.path, query)
+            body = self._body(raw)
             from sparkpoint.runtime.rest import routes
 
             status, payload, content_type = routes.handle(self.server_ref, method, url.path, query, body)
         except ApiError as e:
             status, payload, content_type = e.status, {"errors": [str(e)]}, "application/json"
         except Exception as e:
-            log.exception("REST %s %s failed", method, self.path)
+            log.exception("REST %s %s failed", method, mask_url(self.path))
             status, payload = HTTPStatus.INTERNAL_SERVER_ERROR, {"errors": [f"{type(e).__name__}: {e}"]}
             content_type = "application/json"
         self._send(status, payload, content_type)
 
-    def _body(self) -> Any:
+    def _raw_body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
         if length > _MAX_BODY:
             raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {_MAX_BODY} bytes")
-        raw = self.rfile.read(length) if length else b""
+        return self.rfile.read(length) if length else b""
+
+    def _body(self, raw: bytes) -> Any:
         if not raw.strip():
             return {}
         try:
@@ -250,14 +271,37 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(HTTPStatus.BAD_REQUEST, "request body must be a JSON object")
         return body
 
-    def _authorize(self, query: dict[str, list[str]]) -> None:
-        token = self.server_ref.token
-        if not token:
-            return
+    def _check_caller(self, method: str, path: str, query: dict[str, list[str]]) -> None:
+        """Refuses what a web page, another local user or a rebound DNS name could send;
+        the order puts the cheapest and least revealing checks first."""
+        server = self.server_ref
+        host = self.headers.get("Host")
+        if not security.host_allowed(host, server.bind_host):
+            raise ApiError(HTTPStatus.FORBIDDEN, f"Host {host!r} does not name this server; use "
+                           f"{server.address} (a DNS name pointing at it is refused: DNS rebinding)")
+        if "token" in query:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "a token in the URL is refused (URLs end up in logs and "
+                           "browser history): send it as 'Authorization: Bearer <token>'")
         header = self.headers.get("Authorization", "")
-        given = header[7:] if header.startswith("Bearer ") else (query.get("token") or [""])[0]
-        if not hmac.compare_digest(given.encode(), token.encode()):
+        # The dashboard's own files hold nothing secret; the page asks for rest.token itself.
+        page = method in ("GET", "HEAD") and (path == "/" or path.startswith("/static/"))
+        if server.token and not page and not security.bearer_matches(header, server.token):
             raise ApiError(HTTPStatus.UNAUTHORIZED, "missing or wrong token: send 'Authorization: Bearer <rest.token>'")
+        if method in ("GET", "HEAD"):
+            return
+        if not security.same_origin(self.headers.get("Origin"), host):
+            raise ApiError(HTTPStatus.FORBIDDEN, f"Origin {self.headers.get('Origin')!r} is not this server: "
+                           "control requests from other web pages are refused")
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            raise ApiError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                           f"control requests must be JSON (Content-Type: application/json), got {content_type or 'none'!r}")
+        if not security.bearer_matches(header, server.control_token, server.token):
+            where = server.token_file or security.control_token_path(server.job.run_id)
+            raise ApiError(HTTPStatus.UNAUTHORIZED,
+                           f"missing or wrong token: control requests need 'Authorization: Bearer <token>' with the "
+                           f"job's control token (in {where}, readable by the job's user only; `sparkpoint "
+                           f"checkpoint|savepoint|stop` send it){' or rest.token' if server.token else ''}")
 
     def _send(self, status: HTTPStatus, payload: Any, content_type: str) -> None:
         if isinstance(payload, (bytes, bytearray)):

@@ -2,8 +2,13 @@
 // No libraries: the machines that run jobs have no internet, and the page must load anyway.
 "use strict";
 
-const token = new URLSearchParams(location.search).get("token");
-const headers = token ? { Authorization: "Bearer " + token } : {};
+// A job with rest.token: the operator types it once into the page's form; it is kept for
+// this tab only and sent as a header, never in a URL (URLs end up in logs and history).
+const TOKEN_KEY = "sparkpoint-rest-token";
+function headers() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { Authorization: "Bearer " + token } : {};
+}
 const samples = [];  // {t, rate, lag}: the throughput and lag charts, kept in the browser
 let jobName = null;
 let selected = null;
@@ -27,7 +32,8 @@ function el(tag, attrs, text) {
 }
 
 async function get(path) {
-  const r = await fetch(path, { headers, cache: "no-store" });
+  const r = await fetch(path, { headers: headers(), cache: "no-store" });
+  if (r.status === 401) $("login").hidden = false;
   const body = await r.json();
   if (!r.ok) throw new Error((body.errors || [r.statusText]).join("; "));
   return body;
@@ -167,6 +173,14 @@ async function refresh() {
     $("error").textContent = "cannot reach the job: " + e.message;
   }
 }
+
+$("login").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, $("token").value);
+  $("token").value = "";
+  $("login").hidden = true;
+  refresh();
+});
 
 refresh();
 setInterval(refresh, 1000);
