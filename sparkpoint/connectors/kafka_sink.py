@@ -50,10 +50,11 @@ Commit protocol (`commit(handle)`), and what a crash at each step leaves behind:
 crashed run left open), re-run `commit(handle)` under the handle's own transactional
 id and generation (idempotent by the marker of the run that wrote the handle), then
 start a new generation for the checkpoints to come and delete every other staged
-file: those epochs come after the restored barrier and are replayed. recover is where a run takes (or, after a failover, takes back) the
-transactional id: a producer fenced earlier is replaced and commits work again. The
-commit path itself never re-initializes after a fencing, so a zombie cannot fence its
-successor from there (the job lease stops the zombie). Errors that no restart can cure
+file: those epochs come after the restored barrier and are replayed. recover is where
+a run takes (or, after a failover, takes back) the transactional id: a producer fenced
+earlier is replaced and commits work again. The commit path itself never
+re-initializes after a fencing, so a zombie cannot fence its successor from there (the
+job lease stops the zombie). Errors that no restart can cure
 (authorization, a transaction timeout above the brokers' maximum, brokers without
 transactions) are raised as ConfigError, which the runtime does not retry.
 
@@ -198,7 +199,6 @@ class KafkaSink(Sink):
         self._producer: Any = None
         self._marker_consumer: Any = None
         self._generation: str | None = None
-        self._marker_group = ""
         self._last_committed = 0
         # Checkpoints up to this id are published: the one recover() settled (by an
         # earlier generation); this generation's marker knows nothing of it.
@@ -685,9 +685,8 @@ class KafkaSink(Sink):
     def _enter_generation(self, transactional_id: str, generation: str) -> None:
         """Judge and move the commit marker of `generation` from now on."""
         self._generation = generation
-        self._marker_group = f"{transactional_id}.{generation}.commits"
         self._close_marker_consumer()
-        self._marker_consumer = self._make_marker_consumer(self._marker_group)
+        self._marker_consumer = self._make_marker_consumer(f"{transactional_id}.{generation}.commits")
 
     def _make_marker_consumer(self, group: str) -> Any:
         from confluent_kafka import Consumer
