@@ -214,10 +214,16 @@ class FileSource(Source):
         return flat.select(*out)
 
     def _on_bad_records(self, rows: list, paths: list[str], declared) -> None:
+        # Spark names each row's file by URI; map it back to the path it was given. One
+        # read's files share a directory, so the name alone is a safe second key (a path
+        # Spark spelled differently, e.g. through a symlink).
         full = {os.path.abspath(p): p for p in paths}
+        named = {os.path.basename(p): p for p in paths}
         by_file: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for r in rows:
-            by_file[full.get(_local_path(r[_FILE]), r[_FILE])].append((r[_RAW], _reason(r, declared)))
+            local = _local_path(r[_FILE])
+            path = full.get(local) or named.get(os.path.basename(local), local)
+            by_file[path].append((r[_RAW], _reason(r, declared)))
         if by_file and self.mode == "FAILFAST":
             path, [(line, reason), *_] = next(iter(sorted(by_file.items())))
             raise MalformedRecordError(
