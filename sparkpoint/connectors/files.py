@@ -13,31 +13,41 @@ null. Spark's `mode` decides what the stream sees: PERMISSIVE keeps the row (nul
 where values did not fit; `columnNameOfCorruptRecord` holds the raw line), DROPMALFORMED
 drops it, FAILFAST stops the job with one line naming the file, the reason and the line.
 Bad records are counted once per input file per run (`malformed_records`, progress,
-`sparkpoint_source_malformed_records_total`). With `dead_letter=DIR` they are not passed
-on but land in DIR as Parquet (file, line, reason), exactly once: each epoch stages
-its files' bad records under DIR/_staging (one file per input file, same content on a
-replay), and they are published when a checkpoint covering that input file completes
+`sparkpoint_source_malformed_records_total`). Passed on as rows of nulls without the
+user having chosen so (no `mode`, corrupt-record column or `dead_letter`), they are also
+warned about once per epoch, with the count and the options to set. With
+`dead_letter=DIR` they are not passed on but land in DIR as Parquet (source, file,
+line, reason), exactly once: each epoch stages its files' bad records under
+DIR/_staging (one file per input file, same content on a replay), and they are
+published when a checkpoint covering that input file completes
 (`notify_checkpoint_complete`; on restore, staged files the restored positions cover are
-published first). Files named `_*`/`.*` are ignored by readers, so DIR reads as a dataset.
+published first). A dead-letter file is named `<input file name>.<id>.parquet`, the id
+a hash of the source's name and the input file's full path: input files of the same
+name in other directories (other sources or jobs sharing DIR) never collide. Files
+named `_*`/`.*` are ignored by readers, so DIR reads as a dataset.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
+import logging
 import os
 import threading
 import uuid
 import weakref
 from collections import Counter, defaultdict
 from typing import Any, Mapping
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sparkpoint.connectors.base import Positions, SlicePlan, Source, SourceContext
 from sparkpoint.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 _SPLIT = "dir"
 _LEGACY_SPLIT = "files"  # the split of checkpoints written by older versions
@@ -73,8 +83,12 @@ class FileSource(Source):
         # Spark's reader options; `mode` and `columnNameOfCorruptRecord` may come either way.
         opts = {str(k): v for k, v in (options or {}).items()}
         lowered = {k.lower(): k for k in opts}
-        mode = mode or opts.pop(lowered.get("mode", ""), None) or "PERMISSIVE"
+        mode = mode or opts.pop(lowered.get("mode", ""), None)
         corrupt = column_name_of_corrupt_record or opts.pop(lowered.get("columnnameofcorruptrecord", ""), None)
+        # Spark's default turns a bad record into a row of nulls; unless the user chose
+        # how bad records are handled, each epoch that has some says so.
+        self._warn_null_rows = mode is None and corrupt is None and dead_letter is None
+        mode = mode or "PERMISSIVE"
         if str(mode).upper() not in MODES:
             raise ConfigError(f"FileSource {name!r}: mode {mode!r} must be one of {', '.join(MODES)} (Spark's)")
         if "multiline" in lowered and str(opts[lowered["multiline"]]).lower() == "true":
@@ -200,41 +214,73 @@ class FileSource(Source):
         return flat.select(*out)
 
     def _on_bad_records(self, rows: list, paths: list[str], declared) -> None:
+        # Spark names each row's file by URI; map it back to the path it was given. One
+        # read's files share a directory, so the name alone is a safe second key (a path
+        # Spark spelled differently, e.g. through a symlink).
+        full = {os.path.abspath(p): p for p in paths}
+        named = {os.path.basename(p): p for p in paths}
         by_file: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for r in rows:
-            # input_file_name() is a URI: "a b.json" comes back as ".../a%20b.json".
-            by_file[unquote(os.path.basename(r[_FILE]))].append((r[_RAW], _reason(r, declared)))
+            local = _local_path(r[_FILE])
+            path = full.get(local) or named.get(os.path.basename(local), local)
+            by_file[path].append((r[_RAW], _reason(r, declared)))
         if by_file and self.mode == "FAILFAST":
-            file, [(line, reason), *_] = next(iter(sorted(by_file.items())))
+            path, [(line, reason), *_] = next(iter(sorted(by_file.items())))
             raise MalformedRecordError(
-                f"FileSource {self.name!r} (mode=FAILFAST): bad record in {file}: {reason}: {line[:200]!r}. "
-                f"Fix or remove the file, or use mode='PERMISSIVE' with dead_letter=DIR to set bad records aside")
+                f"FileSource {self.name!r} (mode=FAILFAST): bad record in {os.path.basename(path)}: {reason}: "
+                f"{line[:200]!r}. Fix or remove the file, or use mode='PERMISSIVE' with dead_letter=DIR to set "
+                "bad records aside")
         counts = Counter({f: len(v) for f, v in by_file.items()})
-        for file in (os.path.basename(p) for p in paths):
-            if file in self._counted:
+        for path in paths:
+            if path in self._counted:
                 continue  # a replay after a restore: counted already in this run
-            self._counted.add(file)
-            self.malformed_records += counts[file]
-            if self._metric is not None and counts[file]:
-                self._metric.labels(self.name).inc(counts[file])
+            self._counted.add(path)
+            self.malformed_records += counts[path]
+            if self._metric is not None and counts[path]:
+                self._metric.labels(self.name).inc(counts[path])
+        if by_file and self._warn_null_rows:
+            self._warn_passed_on(by_file)
         if self.dead_letter is not None:
-            for file, bad in by_file.items():
-                self._stage(file, bad)
+            for path, bad in by_file.items():
+                self._stage(path, bad)
 
-    def _stage(self, file: str, bad: list[tuple[str, str]]) -> None:
+    def _warn_passed_on(self, by_file: Mapping[str, list[tuple[str, str]]]) -> None:
+        total = sum(len(bad) for bad in by_file.values())
+        path, [(_line, reason), *_] = next(iter(sorted(by_file.items())))
+        log.warning(
+            "FileSource %r: %d bad record%s in this epoch (%s: %s%s) passed on as rows of nulls "
+            "(Spark's mode=PERMISSIVE); set dead_letter=DIR to set them aside with their line and reason, "
+            "mode='DROPMALFORMED' to drop them, mode='FAILFAST' to stop, or mode='PERMISSIVE' to keep "
+            "them and silence this warning", self.name, total, "" if total == 1 else "s",
+            os.path.basename(path), reason, f"; {len(by_file) - 1} more file(s)" if len(by_file) > 1 else "")
+
+    def _dead_letter_name(self, path: str) -> str:
+        """`<input file name>.<id>.parquet`: readable, and unique per source and input
+        file (a name alone collides with a same-named file elsewhere)."""
+        identity = hashlib.sha256(f"{self.name}\0{os.path.abspath(path)}".encode()).hexdigest()[:16]
+        return f"{os.path.basename(path)}.{identity}.parquet"
+
+    def _stage(self, path: str, bad: list[tuple[str, str]]) -> None:
         staging = os.path.join(self.dead_letter, "_staging")
         os.makedirs(staging, exist_ok=True)
-        final = os.path.join(staging, f"{file}.parquet")
-        if os.path.exists(os.path.join(self.dead_letter, f"{file}.parquet")):
+        name = self._dead_letter_name(path)
+        if os.path.exists(os.path.join(self.dead_letter, name)) or self._published_by_older_version(path):
             return  # published by a checkpoint already
-        table = pa.table({"source": [self.name] * len(bad), "file": [file] * len(bad),
+        table = pa.table({"source": [self.name] * len(bad), "file": [os.path.abspath(path)] * len(bad),
                           "line": [b[0] for b in bad], "reason": [b[1] for b in bad]}, schema=DEAD_LETTER_SCHEMA)
-        tmp = os.path.join(staging, f".{file}.{uuid.uuid4().hex}.tmp")
+        tmp = os.path.join(staging, f".{name}.{uuid.uuid4().hex}.tmp")
         pq.write_table(table, tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         # A replay stages the same rows under the same name: replacing is idempotent.
-        os.replace(tmp, final)
+        os.replace(tmp, os.path.join(staging, name))
+
+    def _published_by_older_version(self, path: str) -> bool:
+        """A dead-letter file of this source named after the input file only."""
+        legacy = os.path.join(self.dead_letter, f"{os.path.basename(path)}.parquet")
+        if not os.path.exists(legacy):
+            return False
+        return set(pq.read_table(legacy, columns=["source"]).column("source").to_pylist()) == {self.name}
 
     def _publish(self, positions: Positions) -> None:
         if self.dead_letter is None:
@@ -242,10 +288,18 @@ class FileSource(Source):
         staging = os.path.join(self.dead_letter, "_staging")
         if not os.path.isdir(staging):
             return
-        done = _done(positions)
-        for name in sorted(os.listdir(staging)):
-            if name.endswith(".parquet") and name[: -len(".parquet")] in done:
+        staged = set(os.listdir(staging))
+        for file in sorted(_done(positions)):
+            name = self._dead_letter_name(os.path.join(self.path, file))
+            if name in staged:
                 os.replace(os.path.join(staging, name), os.path.join(self.dead_letter, name))
+            # Staged by a version that named dead letters after the input file only.
+            legacy = f"{file}.parquet"
+            if legacy in staged:
+                if name in staged or os.path.exists(os.path.join(self.dead_letter, name)):
+                    os.remove(os.path.join(staging, legacy))   # staged again since, under the new name
+                else:
+                    os.replace(os.path.join(staging, legacy), os.path.join(self.dead_letter, legacy))
 
     def notify_checkpoint_complete(self, checkpoint_id: int, positions: Positions) -> None:
         self._publish(positions)
@@ -282,7 +336,9 @@ def _reason(row, declared) -> str:
     try:
         obj = json.loads(line)
     except ValueError as e:
-        return f"malformed JSON: {getattr(e, 'msg', e)} at column {getattr(e, 'colno', '?')}"
+        # Some of json's messages end with "at" already ("Unterminated string starting at").
+        message = str(getattr(e, "msg", e)).removesuffix(" at")
+        return f"malformed JSON: {message} at column {getattr(e, 'colno', '?')}"
     if not isinstance(obj, dict):
         return f"not a JSON object: {type(obj).__name__}"
     problems = []
@@ -294,6 +350,12 @@ def _reason(row, declared) -> str:
             problems.append(f"missing field {f.name!r} (declared NOT NULL)" if f.name not in obj
                             else f"field {f.name!r} is null (declared NOT NULL)")
     return "; ".join(problems) or "does not match the schema"
+
+
+def _local_path(uri: str) -> str:
+    """The local path of what input_file_name() returns: a URI, "a b.json" as "a%20b.json"."""
+    parsed = urlparse(uri)
+    return os.path.abspath(unquote(parsed.path if parsed.scheme in ("file", "") else uri))
 
 
 def _done(positions: Positions) -> set[str]:

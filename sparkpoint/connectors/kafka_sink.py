@@ -13,6 +13,13 @@ of the topic, offset = checkpoint id) committed with `send_offsets_to_transactio
 Because the marker and the records become visible together, "is checkpoint N
 published?" always has a true answer: marker >= N.
 
+A *generation* is one run of the sink: every `recover` starts a new one, with a
+marker of its own. Checkpoint ids are unique only within one checkpoint directory: a
+savepoint restored into a new directory numbers its checkpoints from the savepoint's
+id + 1, ids the job that took the savepoint may already have published. Under that
+job's marker they would count as published and be dropped; under a marker of their
+own they cannot be confused with anything another run published.
+
 One transactional id per (job, sink) is enough, so no pool: transactions are only
 opened inside `commit`, one at a time, so concurrent pending checkpoints never need
 concurrent transactions. A pre-committed checkpoint that is aborted (or never
@@ -40,12 +47,14 @@ Commit protocol (`commit(handle)`), and what a crash at each step leaves behind:
   6. Delete the staged files of the published segments.
 
 `recover(handle)`: a new producer and init_transactions (fence + abort whatever a
-crashed run left open), re-run `commit(handle)` (idempotent by the marker), then
-delete every other staged file: those epochs come after the restored barrier and are
-replayed. recover is where a run takes (or, after a failover, takes back) the
-transactional id: a producer fenced earlier is replaced and commits work again. The
-commit path itself never re-initializes after a fencing, so a zombie cannot fence its
-successor from there (the job lease stops the zombie). Errors that no restart can cure
+crashed run left open), re-run `commit(handle)` under the handle's own transactional
+id and generation (idempotent by the marker of the run that wrote the handle), then
+start a new generation for the checkpoints to come and delete every other staged
+file: those epochs come after the restored barrier and are replayed. recover is where
+a run takes (or, after a failover, takes back) the transactional id: a producer fenced
+earlier is replaced and commits work again. The commit path itself never
+re-initializes after a fencing, so a zombie cannot fence its successor from there (the
+job lease stops the zombie). Errors that no restart can cure
 (authorization, a transaction timeout above the brokers' maximum, brokers without
 transactions) are raised as ConfigError, which the runtime does not retry.
 
@@ -54,8 +63,9 @@ thread; the sealed segments they share are guarded by a lock.
 
 Delivery: exactly-once for read_committed consumers. Records appear at checkpoint
 completion, not per epoch (end-to-end latency >= checkpoint interval). A restore from
-a checkpoint older than one already published (its newer `_metadata` lost) replays,
-and so republishes, the records in between; this is logged.
+a checkpoint older than one already published (a savepoint taken while the job went
+on, or a checkpoint whose newer `_metadata` was lost) replays, and so republishes, the
+records in between; this is logged.
 
 `mode="at_least_once"`: a plain idempotent producer sends each epoch at once;
 `pre_commit` flushes and fails the checkpoint if any record was not acknowledged.
@@ -87,6 +97,9 @@ log = logging.getLogger(__name__)
 DeliveryMode = Literal["exactly_once", "at_least_once"]
 HANDLE_VERSION = 1
 _COMMITTED_FILE = "_committed.json"
+# Generations whose last commit `_committed.json` keeps (a restore of an older run's
+# checkpoint still finds its record when that run's marker group has expired).
+_RECORDED_GENERATIONS = 32
 _STAGED_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 # The only names `write_epoch` creates. Names read back from a checkpoint handle must
 # match: no '/', no '..', so nothing outside the staging directory is read or deleted.
@@ -187,6 +200,11 @@ class KafkaSink(Sink):
         self._marker_consumer: Any = None
         self._generation: str | None = None
         self._last_committed = 0
+        # Checkpoints up to this id are published: the one recover() settled (by an
+        # earlier generation); this generation's marker knows nothing of it.
+        self._settled = 0
+        # `_committed.json` as last read or written: generation -> checkpoint id.
+        self._recorded: dict[str, int] | None = None
         self._open_files: list[StagedFile] = []   # staged since the last barrier (epoch loop only)
         # Pre-committed, not yet published: appended by the epoch loop (pre_commit),
         # pruned by the committer thread (commit); always under _lock.
@@ -282,11 +300,17 @@ class KafkaSink(Sink):
         if handle is not None:  # refuse a damaged or crafted handle before touching anything
             for s in handle.get("segments") or []:
                 Segment.from_json(s)
-        self._generation = str(handle["generation"]) if handle else uuid.uuid4().hex[:12]
         with self._lock:
             self._open_files, self._sealed, self._last_committed = [], [], 0
-        self._close_marker_consumer()
-        self._marker_consumer = self._make_marker_consumer()
+        self._settled, self._recorded = 0, None
+        if handle is not None:
+            # First the restored checkpoint, judged by the marker of the run that wrote
+            # it (possibly under another job name, so its transactional id).
+            written_by = handle.get("transactional_id")
+            self._enter_generation(written_by if isinstance(written_by, str) and written_by
+                                   else self.transactional_id, str(handle["generation"]))
+        else:
+            self._enter_generation(self.transactional_id, uuid.uuid4().hex[:12])
         # This run (re)takes the transactional id: a producer fenced before (by a run that
         # the job lease has since stopped, or a fatal producer error) is replaced, and
         # init_transactions fences every producer of a crashed or zombie run and aborts
@@ -297,10 +321,16 @@ class KafkaSink(Sink):
             restored = int(handle["checkpoint_id"])
             if self._last_committed > restored:
                 log.warning(
-                    "Kafka sink %s: restoring checkpoint %d, but checkpoint %d was already "
-                    "published to %s; the records in between are published again",
+                    "Kafka sink %s: restoring checkpoint %d, but the run that wrote it went on to "
+                    "publish up to checkpoint %d to %s (a savepoint restored, or newer "
+                    "checkpoints lost); the records in between are published again",
                     self.name, restored, self._last_committed, self.topic)
             self.commit(handle)
+            # Then a generation of this run: the ids to come may have been used, and
+            # published, by the run that wrote the handle (a savepoint restored into a new
+            # checkpoint directory counts on from its id), so its marker must not judge them.
+            self._enter_generation(self.transactional_id, uuid.uuid4().hex[:12])
+            self._settled = self._last_committed = restored
         for name in fs.ls(self._dir):
             if name.startswith("epoch-"):
                 fs.rm(f"{self._dir}/{name}")
@@ -382,9 +412,7 @@ class KafkaSink(Sink):
         self._outcome_unknown = False
         self._last_committed = checkpoint_id
         # 5. durable record of the commit
-        self._require_fs().write_atomic(
-            f"{self._dir}/{_COMMITTED_FILE}",
-            json.dumps({"generation": self._generation, "checkpoint_id": checkpoint_id}).encode())
+        self._record_commit(checkpoint_id)
         # 6. the published rows are no longer needed
         for s in segments:
             for f in s.files:
@@ -520,28 +548,45 @@ class KafkaSink(Sink):
                 if error.code() not in transient or time.monotonic() > deadline:
                     raise self._kafka_error(error, "reading the commit marker") from e
                 time.sleep(0.2)
-        return max(self._recorded_commit(), marker if marker >= 0 else 0)
+        return max(self._settled, self._recorded_commit(), marker if marker >= 0 else 0)
 
     def _recorded_commit(self) -> int:
-        """The checkpoint `_committed.json` records for this generation, 0 if none. An
-        unreadable record is ignored with a warning (the marker is the truth; the record
-        only helps when the marker group's offsets expired): failing here would fail
-        every recover of the job."""
+        """The checkpoint `_committed.json` records for this generation, 0 if none."""
+        return self._read_record().get(str(self._generation), 0)
+
+    def _read_record(self) -> dict[str, int]:
+        """`_committed.json`: the last published checkpoint of each recent generation.
+        An unreadable record is ignored with a warning (the marker is the truth; the
+        record only helps when a marker group's offsets expired): failing here would
+        fail every recover of the job."""
+        if self._recorded is not None:
+            return self._recorded
         path = f"{self._dir}/{_COMMITTED_FILE}"
         fs = self._require_fs()
-        if not fs.exists(path):
-            return 0
+        self._recorded = {}
         try:
             data = json.loads(fs.read_bytes(path))
-            if data.get("generation") != self._generation:
-                return 0
-            return int(data["checkpoint_id"])
+            # {"generation", "checkpoint_id"}: the current one; "commits": every recent one
+            commits = dict(data.get("commits") or {})
+            commits.setdefault(str(data["generation"]), data["checkpoint_id"])
+            self._recorded = {str(g): int(c) for g, c in commits.items()}
         except FileNotFoundError:
-            return 0
+            pass
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             log.warning("Kafka sink %s: %s is unreadable (%s); ignoring it, the commit marker "
                         "in Kafka decides what was published", self.name, path, e)
-            return 0
+        return self._recorded
+
+    def _record_commit(self, checkpoint_id: int) -> None:
+        commits = dict(self._read_record())
+        commits.pop(str(self._generation), None)   # the newest generation goes last
+        commits[str(self._generation)] = checkpoint_id
+        commits = dict(list(commits.items())[-_RECORDED_GENERATIONS:])
+        self._require_fs().write_atomic(
+            f"{self._dir}/{_COMMITTED_FILE}",
+            json.dumps({"generation": self._generation, "checkpoint_id": checkpoint_id,
+                        "commits": commits}).encode())
+        self._recorded = commits
 
     def _staged_path(self, name: str) -> str:
         """The staging path of a staged file; refuses names that could leave the directory."""
@@ -637,10 +682,15 @@ class KafkaSink(Sink):
             fixed["transaction_timeout_ms"] = int(self._timeout_s * 1000)
         return Producer(producer_config(self.bootstrap_servers, self._client_config, **fixed))
 
-    def _make_marker_consumer(self) -> Any:
+    def _enter_generation(self, transactional_id: str, generation: str) -> None:
+        """Judge and move the commit marker of `generation` from now on."""
+        self._generation = generation
+        self._close_marker_consumer()
+        self._marker_consumer = self._make_marker_consumer(f"{transactional_id}.{generation}.commits")
+
+    def _make_marker_consumer(self, group: str) -> Any:
         from confluent_kafka import Consumer
 
-        group = f"{self.transactional_id}.{self._generation}.commits"
         return Consumer(consumer_config(self.bootstrap_servers, self._client_config,
                                         group_id=group, enable_auto_commit=False))
 

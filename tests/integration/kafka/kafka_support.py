@@ -1,4 +1,5 @@
-"""Producing and reading records in tests with plain confluent-kafka clients."""
+"""Producing and reading records in tests with plain confluent-kafka clients; a source
+that ends by itself."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from typing import Any, Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+from sparkpoint.connectors.base import Positions
+from sparkpoint.connectors.kafka_source import KafkaSource
 
 # Clients reconnect fast after a broker restart instead of backing off for seconds.
 FAST_RECONNECT = {"reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500}
@@ -67,3 +71,14 @@ class KafkaTestClient:
 
     def close(self) -> None:
         self._producer.flush(10)
+
+
+class BoundedKafkaSource(KafkaSource):
+    """Finishes once every partition reached `until`, so the job ends by itself."""
+
+    def __init__(self, *args: Any, until: Positions, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.until = until
+
+    def is_exhausted(self, positions: Positions) -> bool:
+        return all(int(positions.get(s, 0)) >= end for s, end in self.until.items())

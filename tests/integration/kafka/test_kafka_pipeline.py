@@ -7,23 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kafka_support import FAST_RECONNECT, KafkaTestClient
-from sparkpoint.connectors.base import Positions
+from kafka_support import FAST_RECONNECT, BoundedKafkaSource, KafkaTestClient
 from sparkpoint.connectors.kafka_sink import KafkaSink
-from sparkpoint.connectors.kafka_source import KafkaSource
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
-
-
-class BoundedKafkaSource(KafkaSource):
-    """Finishes once every partition reached `until`, so the job ends by itself."""
-
-    def __init__(self, *args, until: Positions, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.until = until
-
-    def is_exhausted(self, positions: Positions) -> bool:
-        return all(int(positions.get(s, 0)) >= end for s, end in self.until.items())
 
 
 class FailOnce:

@@ -45,13 +45,14 @@ class FakeProducer:
     def purge(self, *_args: Any) -> None:
         self.open = []
 
-    def send_offsets_to_transaction(self, marker: list[Any], _metadata: Any, _timeout: float) -> None:
+    def send_offsets_to_transaction(self, marker: list[Any], group: Any, _timeout: float) -> None:
         self.broker.before_marker(self)
-        self.pending_marker = marker[0].offset
+        self.pending_marker = (group, marker[0].offset)
 
     def commit_transaction(self, _timeout: float = 0) -> None:
         self.broker.published.extend(v for _, v in self.open)
-        self.broker.marker = self.pending_marker
+        group, offset = self.pending_marker
+        self.broker.markers[group] = offset
         self.open, self.in_transaction = [], False
 
     def abort_transaction(self, _timeout: float = 0) -> None:
@@ -59,18 +60,21 @@ class FakeProducer:
 
 
 class FakeMarkerConsumer:
-    def __init__(self, broker: "FakeBroker"):
+    """The consumer of one commit-marker group; its group metadata is the group name."""
+
+    def __init__(self, broker: "FakeBroker", group: str):
         self.broker = broker
+        self.group = group
         self.closed = False
 
-    def consumer_group_metadata(self) -> object:
-        return object()
+    def consumer_group_metadata(self) -> str:
+        return self.group
 
     def committed(self, partitions: list[Any], timeout: float = 0) -> list[Any]:
         from confluent_kafka import TopicPartition
 
         tp = partitions[0]
-        return [TopicPartition(tp.topic, tp.partition, self.broker.marker)]
+        return [TopicPartition(tp.topic, tp.partition, self.broker.markers.get(self.group, -1001))]
 
     def close(self) -> None:
         self.closed = True
@@ -79,7 +83,7 @@ class FakeMarkerConsumer:
 class FakeBroker:
     def __init__(self) -> None:
         self.published: list[bytes] = []
-        self.marker = -1001
+        self.markers: dict[str, int] = {}   # commit-marker group -> committed offset
         self.inits = 0
         self.producers: list[FakeProducer] = []
         self.consumers: list[FakeMarkerConsumer] = []
@@ -102,18 +106,18 @@ def make_sink(broker: FakeBroker, tmp_path, monkeypatch):
         broker.producers.append(p)
         return p
 
-    def marker_consumer(self: KafkaSink) -> FakeMarkerConsumer:
-        c = FakeMarkerConsumer(broker)
+    def marker_consumer(self: KafkaSink, group: str) -> FakeMarkerConsumer:
+        c = FakeMarkerConsumer(broker, group)
         broker.consumers.append(c)
         return c
 
     monkeypatch.setattr(KafkaSink, "_make_producer", producer)
     monkeypatch.setattr(KafkaSink, "_make_marker_consumer", marker_consumer)
 
-    def make(**kw: Any) -> KafkaSink:
-        sink = KafkaSink("fake:9092", "out", staging_dir=str(tmp_path / "staging"),
+    def make(job: str = "job", staging: str = "staging", **kw: Any) -> KafkaSink:
+        sink = KafkaSink("fake:9092", "out", staging_dir=str(tmp_path / staging),
                          transaction_timeout_s=0.2, **kw)
-        sink.open("job")
+        sink.open(job)
         return sink
     return make
 
@@ -283,3 +287,83 @@ def test_staged_files_record_their_size(make_sink):
     [staged] = sink.pre_commit(1)["segments"][0]["staged"]
     assert staged["size"] == sink._fs.size(f"{sink._dir}/{staged['name']}")
     assert json.loads(json.dumps(staged)) == staged
+
+
+# -- a savepoint restored into another checkpoint directory ------------------------------
+def _publish(sink: KafkaSink, checkpoint_id: int, *values: str) -> dict[str, Any]:
+    sink.write_epoch(checkpoint_id, rows(*values))
+    handle = sink.pre_commit(checkpoint_id)
+    sink.commit(handle)
+    return handle
+
+
+def test_a_savepoint_restored_into_a_new_checkpoint_directory_publishes_every_new_checkpoint(make_sink, broker):
+    # The job takes savepoint 1 and keeps running: checkpoints 2 and 3 are published
+    # after it, so its commit marker stands at 3.
+    original = make_sink(staging="job-a")
+    original.recover(None)
+    savepoint = _publish(original, 1, "a")
+    _publish(original, 2, "b")
+    _publish(original, 3, "c")
+    original.close()
+
+    # Started from the savepoint in a new checkpoint directory, the new job numbers its
+    # checkpoints 2, 3, 4 and replays what came after the savepoint.
+    restored = make_sink(staging="job-b")
+    restored.recover(savepoint)
+    _publish(restored, 2, "b")
+    _publish(restored, 3, "c")
+    _publish(restored, 4, "d")
+    assert broker.published == [b"a", b"b", b"c", b"b", b"c", b"d"]
+
+    # It crashes before its own first checkpoint and starts from the savepoint again:
+    # the savepoint's rows are not published a third time, the new ones are.
+    again = make_sink(staging="job-c")
+    again.recover(savepoint)
+    _publish(again, 2, "b2")
+    assert broker.published == [b"a", b"b", b"c", b"b", b"c", b"d", b"b2"]
+
+
+def test_a_savepoint_restored_under_another_job_name_is_not_published_again(make_sink, broker):
+    original = make_sink(job="orders")
+    original.recover(None)
+    savepoint = _publish(original, 1, "a")
+    original.close()
+
+    renamed = make_sink(job="orders-v2")
+    renamed.recover(savepoint)       # published by the job that took it, under its id
+    _publish(renamed, 2, "b")
+    assert broker.published == [b"a", b"b"]
+
+
+def test_a_crash_restore_publishes_the_restored_checkpoint_once_and_then_every_new_one(make_sink, broker):
+    crashed = make_sink()
+    crashed.recover(None)
+    crashed.write_epoch(1, rows("a"))
+    handle = crashed.pre_commit(1)               # _metadata written, commit never ran
+    crashed.write_epoch(2, rows("replayed"))     # after the barrier: replayed, never published
+
+    restored = make_sink()
+    restored.recover(handle)
+    assert broker.published == [b"a"]
+    assert restored.last_committed_checkpoint == 1
+    _publish(restored, 2, "b")
+
+    again = make_sink()                          # an older checkpoint restored once more
+    again.recover(handle)
+    _publish(again, 3, "c")
+    assert broker.published == [b"a", b"b", b"c"]
+
+
+def test_an_older_runs_checkpoint_is_known_published_by_its_record_once_its_marker_expired(make_sink, broker):
+    first = make_sink()
+    first.recover(None)
+    handle = _publish(first, 1, "a")
+    second = make_sink()
+    second.recover(handle)
+    _publish(second, 2, "b")
+    broker.markers.clear()                       # the brokers expired the marker groups' offsets
+
+    again = make_sink()
+    again.recover(handle)                        # the first run's staged files are gone
+    assert broker.published == [b"a", b"b"]
