@@ -9,20 +9,36 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 
 from failure_support import WINDOW_MS, Events, expected_windows, settings
-from sparkpoint import Pipeline, TumblingWindow
+from sparkpoint import GeneratorSource, Pipeline, TumblingWindow
 from sparkpoint.connectors.parquet_sink import ParquetSink
 from sparkpoint.runtime.jobmaster import JobMaster
 from sparkpoint.runtime.status import JobStatus
+from sparkpoint.storage.metadata import decode
 from tests.e2e.harness import canonical, read_output
 
 pytestmark = pytest.mark.spark
 
+@dataclass(frozen=True)
+class QuickWindows(Events):
+    """Events whose event time runs fast enough that every epoch closes a window, so
+    every epoch stages output."""
+
+    event_time_per_s: int = 1_000
+
+    def source(self) -> GeneratorSource:
+        return GeneratorSource("events", keys=self.keys, total_events=self.total,
+                               max_records_per_epoch=self.per_epoch, splits=self.splits,
+                               disorder_ms=self.disorder_ms, rate_per_s=self.rate_per_s,
+                               event_time_per_s=self.event_time_per_s)
+
+
 # Paced, so the test's steps (a checkpoint, a savepoint, a failure) land mid-run.
-EVENTS = Events(keys=120, total=60_000, per_epoch=2_000, rate_per_s=6_000)
+EVENTS = QuickWindows(keys=120, total=40_000, per_epoch=2_000, rate_per_s=6_000)
 
 
 class FailWhenArmed:
@@ -81,6 +97,9 @@ def test_a_failover_after_an_intermediate_savepoint_publishes_each_row_once_and_
     at_checkpoint = job.epoch
     _wait(lambda: job.epoch >= at_checkpoint + 2, thread, "two epochs after the checkpoint")
     job.trigger_savepoint(str(tmp_path / "savepoint")).result(120)
+    savepoint = decode((tmp_path / "savepoint" / "_metadata").read_bytes())
+    assert savepoint.handles[job.sink_participant]["staged"], "no output was staged before the savepoint"
+    job.gateway.drain_commits()  # whatever the savepoint's completion set off has run
     seen_after_savepoint = set(ParquetSink(str(out)).committed_files())
     step.armed.set()  # before the next checkpoint: there is none until the input ends
 
