@@ -36,6 +36,7 @@ from sparkpoint.checkpoint.interfaces import (
     StateHandle,
     SupportsDiscardAborted,
     SupportsHighestCheckpointId,
+    SupportsSavepointComplete,
 )
 from sparkpoint.checkpoint.pending import METRIC_BYTES, AckResult, PendingCheckpoint
 from sparkpoint.checkpoint.reasons import CheckpointFailureReason
@@ -76,6 +77,7 @@ __all__ = [
     "StateHandle",
     "SupportsDiscardAborted",
     "SupportsHighestCheckpointId",
+    "SupportsSavepointComplete",
     "ThreadScheduler",
     "TolerableCheckpointFailuresExceeded",
     "TriggerDecision",

@@ -27,7 +27,11 @@ Lifecycle of one checkpoint
       the oldest beyond retention;
    c. a checkpoint aborts older pending checkpoints (SUBSUMED; savepoints are never
       subsumed), reset the failure count, record stats;
-   d. `gateway.notify_complete` (sources commit offsets, sinks commit);
+   d. `gateway.notify_complete` (sources commit offsets, sinks commit), except for an
+      intermediate savepoint: only a checkpoint or the savepoint a job stops with
+      commits side effects (Flink's rule). A failover restores the latest checkpoint
+      and replays what came after it, so output an intermediate savepoint committed
+      would be published twice; the next checkpoint's cumulative handles commit it;
    e. only now delete the checkpoints pushed out in (b).
    A crash before (a) loses the attempt only; after (a) the checkpoint is restorable
    and the restore re-runs the sinks' commit (DESIGN.md §2). `suspend_and_settle`
@@ -90,6 +94,7 @@ from sparkpoint.checkpoint.interfaces import (
     StateHandle,
     SupportsDiscardAborted,
     SupportsHighestCheckpointId,
+    SupportsSavepointComplete,
 )
 from sparkpoint.checkpoint.pending import AckResult, PendingCheckpoint
 from sparkpoint.checkpoint.reasons import CheckpointFailureReason as R
@@ -382,15 +387,21 @@ class CheckpointCoordinator:
         this call itself is the one stuck inside storage."""
         return self._trigger(CheckpointProperties(forced=forced, periodic=periodic))
 
-    def trigger_savepoint(self, target: str | None = None) -> Future[CompletedCheckpointData]:
+    def trigger_savepoint(self, target: str | None = None, *,
+                          terminate: bool = False) -> Future[CompletedCheckpointData]:
         """A savepoint (Flink's semantics): forced (no min-pause, no max-concurrent check),
         written by the storage to `target` (its default place if None), and never
         subsumed by a later checkpoint, periodic or forced: it completes even if a newer
         checkpoint completed first. It never enters the completed store, so it does not
         count against `num_retained` and a failover restores from the job's checkpoints,
         not from it. The future completes with its data; `data.properties.target` says
-        where it is."""
-        return self._trigger(CheckpointProperties(forced=True, periodic=False, savepoint=True, target=target))
+        where it is.
+
+        `terminate=True`: the savepoint of a stop-with-savepoint; the job ends with it,
+        so its completion notifies participants to commit. An intermediate savepoint
+        (the default) commits nothing; the next completed checkpoint does."""
+        return self._trigger(CheckpointProperties(forced=True, periodic=False, savepoint=True, target=target,
+                                                  terminate=terminate))
 
     def _trigger(self, props: CheckpointProperties) -> Future[CompletedCheckpointData]:
         attempt = _TriggerAttempt(props, self._scheduler.now_ms())
@@ -848,12 +859,22 @@ class CheckpointCoordinator:
         for p in older:
             self._after_abort(p, R.SUBSUMED)
         # (d)
-        try:
-            self._gateway.notify_complete(checkpoint_id, data)
-        except Exception:
-            log.exception("notifying participants that checkpoint %d of job %s completed "
-                          "failed; the checkpoint stays complete and the restore re-runs "
-                          "the commits", checkpoint_id, self.job_name)
+        if pending.properties.commits_side_effects:
+            try:
+                self._gateway.notify_complete(checkpoint_id, data)
+            except Exception:
+                log.exception("notifying participants that checkpoint %d of job %s completed "
+                              "failed; the checkpoint stays complete and the restore re-runs "
+                              "the commits", checkpoint_id, self.job_name)
+        else:
+            log.info("savepoint %d complete; its output is committed by the next checkpoint "
+                     "(job %s keeps running)", checkpoint_id, self.job_name)
+            if isinstance(self._gateway, SupportsSavepointComplete):
+                try:
+                    self._gateway.savepoint_complete(checkpoint_id, data)
+                except Exception:
+                    log.exception("telling the runtime that savepoint %d of job %s completed failed; "
+                                  "the savepoint stays complete", checkpoint_id, self.job_name)
         pending.completion_future.set_result(data)
         # (e)
         if pushed_out and not self._fenced:

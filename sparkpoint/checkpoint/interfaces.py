@@ -35,6 +35,17 @@ class CheckpointProperties:
     # `target` (None: the storage's default place), never subsumed by a later checkpoint.
     savepoint: bool = False
     target: str | None = None
+    # The savepoint of a stop-with-savepoint: the job ends with it. Only such a savepoint
+    # commits side effects (Flink's rule since 1.15). An intermediate savepoint is not
+    # what a failover restores, so output it committed would be replayed and published
+    # again; what it staged is committed by the next checkpoint instead.
+    terminate: bool = False
+
+    @property
+    def commits_side_effects(self) -> bool:
+        """Whether completing it notifies participants to commit (sinks publish, sources
+        commit offsets): every checkpoint, and a savepoint only if the job ends with it."""
+        return not self.savepoint or self.terminate
 
 
 @dataclass(frozen=True)
@@ -157,6 +168,17 @@ class SupportsDiscardAborted(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsSavepointComplete(Protocol):
+    """Optional extra of a `ParticipantGateway`: told that an intermediate savepoint is
+    durable, so the runtime can let go of what it holds for that savepoint's snapshot.
+    Nothing is committed: the next completed checkpoint commits what it staged."""
+
+    def savepoint_complete(self, checkpoint_id: int, data: CompletedCheckpointData) -> None:
+        """Must not raise for the coordinator's sake."""
+        ...
+
+
 class ParticipantGateway(Protocol):
     """How the coordinator talks to the participants; the runtime implements it.
 
@@ -179,7 +201,8 @@ class ParticipantGateway(Protocol):
 
     def notify_complete(self, checkpoint_id: int, data: CompletedCheckpointData) -> None:
         """The checkpoint is durable: sources commit offsets, sinks commit. Must not raise
-        for the coordinator's sake; failures here never fail the checkpoint."""
+        for the coordinator's sake; failures here never fail the checkpoint. Never called
+        for an intermediate savepoint (see `CheckpointProperties.commits_side_effects`)."""
         ...
 
     def abort(self, checkpoint_id: int, reason: Any) -> "Future[None]":

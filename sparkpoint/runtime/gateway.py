@@ -89,6 +89,12 @@ class RuntimeGateway:
             self._inflight.pop(checkpoint_id, None)
         self._committer.submit(self._run_complete, checkpoint_id, data)
 
+    def savepoint_complete(self, checkpoint_id: int, data: CompletedCheckpointData) -> None:
+        """An intermediate savepoint is durable: forget its in-flight part. Nothing is
+        committed; the next checkpoint's handles cover what it staged."""
+        with self._lock:
+            self._inflight.pop(checkpoint_id, None)
+
     def abort(self, checkpoint_id: int, reason: Any) -> Future:
         with self._lock:
             self._barriers = [b for b in self._barriers if b.checkpoint_id != checkpoint_id]

@@ -2,7 +2,10 @@
 
 - `trigger_savepoint(target)`: a forced checkpoint whose barrier epoch also copies each
   subtask's state files into the savepoint directory (on the executors), then
-  `_metadata` there (storage/savepoints.py). The job keeps running.
+  `_metadata` there (storage/savepoints.py). The job keeps running, and the savepoint
+  commits nothing (Flink's rule): a failover restores the job's latest checkpoint and
+  replays the epochs after it, so output the savepoint had published would be
+  published again. What it staged is committed by the next checkpoint.
 - `stop(savepoint=..., target=...)`: Flink's stop-with-savepoint. Periodic checkpoints
   stop, sources read nothing more, a savepoint (or, without one, a last checkpoint) is
   taken at the current positions with barriers carried by empty epochs (no final
@@ -101,9 +104,15 @@ class SavepointSteps:
 
     # ------------------------------------------------------------------ public
     def trigger_savepoint(self, target: str | None = None) -> Future:
-        """Take a savepoint now; the future completes with its path (or URL)."""
+        """Take a savepoint now, the job keeps running; the future completes with its path
+        (or URL). Its output is committed by the next checkpoint, not by it."""
         log.info("savepoint requested%s", f" to {mask_url(target)}" if target else "")
         return self._savepoint_path(self.coordinator.trigger_savepoint(target))
+
+    def _trigger_final_savepoint(self, target: str | None) -> Future:
+        """The savepoint the job stops with: its completion commits the output."""
+        log.info("stop with savepoint requested%s", f" to {mask_url(target)}" if target else "")
+        return self._savepoint_path(self.coordinator.trigger_savepoint(target, terminate=True))
 
     def stop(self, savepoint: bool = True, target: str | None = None) -> Future:
         """Stop the job with a savepoint (its path is the future's result) or, with
@@ -142,7 +151,7 @@ class SavepointSteps:
         what = "a savepoint" if request.savepoint else "a last checkpoint"
         self.progress.announce(f"stopping with {what}: sources read nothing more")
         self.coordinator.stop_scheduler()
-        fut = (self.trigger_savepoint(request.target) if request.savepoint
+        fut = (self._trigger_final_savepoint(request.target) if request.savepoint
                else self.coordinator.trigger_checkpoint(forced=True))
         if not self._carry_barriers_until(fut.done, final=False):
             request.future.set_exception(RuntimeError("the job was cancelled before the stop completed"))

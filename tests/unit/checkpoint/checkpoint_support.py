@@ -70,8 +70,10 @@ def make_harness(*, interval_ms: int = 1000, min_pause_ms: int = 0, timeout_ms: 
                  max_concurrent: int = 1, tolerable_failed: int = 3, num_retained: int = 2,
                  participants: list[str] | None = None, storage: InMemoryCheckpointStorage | None = None,
                  ids: InMemoryIdCounter | None = None, seed: int = 7,
-                 fail_job: Any = None, **coordinator_kwargs: Any) -> Harness:
-    """`fail_job` replaces the recording callback; other keyword arguments go to the
+                 fail_job: Any = None, gateway: RecordingGateway | None = None,
+                 **coordinator_kwargs: Any) -> Harness:
+    """`fail_job` replaces the recording callback; `gateway` a `RecordingGateway` (or a
+    subclass that also acts, e.g. commits a sink); other keyword arguments go to the
     coordinator (e.g. `live_references`)."""
     config = CheckpointCoordinatorConfig(interval_ms=interval_ms, min_pause_ms=min_pause_ms,
                                          timeout_ms=timeout_ms, max_concurrent=max_concurrent,
@@ -79,7 +81,8 @@ def make_harness(*, interval_ms: int = 1000, min_pause_ms: int = 0, timeout_ms: 
     scheduler = ManualScheduler()
     ids = ids or InMemoryIdCounter()
     storage = storage or InMemoryCheckpointStorage()
-    gateway = RecordingGateway(participant_ids=list(participants if participants is not None else PARTICIPANTS))
+    if gateway is None:
+        gateway = RecordingGateway(participant_ids=list(participants if participants is not None else PARTICIPANTS))
     failed_jobs: list[tuple[CheckpointFailureReason, BaseException]] = []
     if fail_job is None:
         def fail_job(reason: CheckpointFailureReason, error: BaseException) -> None:

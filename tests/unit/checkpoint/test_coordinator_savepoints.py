@@ -52,7 +52,7 @@ def test_a_stop_with_savepoint_is_not_subsumed_by_a_newer_forced_checkpoint():
     h = _harness(max_concurrent=1)
     h.coordinator.start_scheduler()
     h.coordinator.stop_scheduler()
-    stop = h.coordinator.trigger_savepoint()
+    stop = h.coordinator.trigger_savepoint(terminate=True)
     forced = h.trigger(forced=True)
     h.ack_all(2)
     assert forced.result(0).checkpoint_id == 2

@@ -37,3 +37,33 @@ def test_two_savepoints_between_epoch_boundaries_both_complete():
     assert second.result(0).properties.target == "mem://b"
     assert not gateway.has_barrier()
     coordinator.shutdown()
+
+
+def test_an_intermediate_savepoint_runs_no_commit_in_the_runtime_and_leaves_nothing_in_flight():
+    """Only checkpoints and a stop's savepoint reach the committer (sinks publish, sources
+    commit offsets); a completed intermediate savepoint's in-flight snapshot record is
+    still let go of."""
+    committed: list[int] = []
+    gateway = RuntimeGateway(["job"], on_complete=lambda checkpoint_id, data: committed.append(checkpoint_id))
+    coordinator = CheckpointCoordinator("orders", CheckpointCoordinatorConfig(interval_ms=1000, max_concurrent=5),
+                                        ManualScheduler(), InMemoryIdCounter(), _WithSavepoints(), gateway)
+    savepoint = coordinator.trigger_savepoint("mem://a")
+    gateway.take_barriers()
+    coordinator.acknowledge(1, "job", {"epoch": 0})
+    assert savepoint.result(0).checkpoint_id == 1
+    gateway.drain_commits()
+    assert committed == []
+    assert gateway.cancel_event(1) is None
+
+    checkpoint = coordinator.trigger_checkpoint()
+    gateway.take_barriers()
+    coordinator.acknowledge(2, "job", {"epoch": 1})
+    assert checkpoint.result(0).checkpoint_id == 2
+    final = coordinator.trigger_savepoint("mem://b", terminate=True)
+    gateway.take_barriers()
+    coordinator.acknowledge(3, "job", {"epoch": 2})
+    assert final.result(0).properties.terminate
+    gateway.drain_commits()
+    assert committed == [2, 3]
+    coordinator.shutdown()
+    gateway.shutdown()
