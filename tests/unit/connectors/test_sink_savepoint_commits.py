@@ -60,7 +60,7 @@ def _kafka(tmp_path, monkeypatch) -> Target:
     broker = FakeBroker()
     monkeypatch.setattr(KafkaSink, "_check_topic_exists", lambda self, timeout_s=10.0: None)
     monkeypatch.setattr(KafkaSink, "_make_producer", lambda self, transactional: FakeProducer(broker))
-    monkeypatch.setattr(KafkaSink, "_make_marker_consumer", lambda self: FakeMarkerConsumer(broker))
+    monkeypatch.setattr(KafkaSink, "_make_marker_consumer", lambda self, group: FakeMarkerConsumer(broker, group))
 
     def new_sink() -> Sink:
         sink = KafkaSink("fake:9092", "out", staging_dir=str(tmp_path / "staging"), transaction_timeout_s=0.2)
