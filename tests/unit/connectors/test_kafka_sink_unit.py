@@ -406,3 +406,31 @@ def test_a_crafted_savepoint_staging_path_cannot_make_recover_read_outside_the_s
     with pytest.raises(CorruptCheckpointError, match="is not a directory the sink writes in a savepoint"):
         new.recover({**handle, "savepoint_staged": where})
     assert broker.published == []
+
+
+def test_a_savepoint_does_not_copy_a_damaged_staged_file_it_has_not_published(make_sink, broker, tmp_path):
+    """The savepoint fails (the runtime declines it, the job keeps running) instead of
+    carrying rows that could never be published."""
+    sink = make_sink()
+    sink.recover(None)
+    sink.write_epoch(1, rows("a"))
+    handle = sink.pre_commit(1)
+    (staged,) = (p for p in (tmp_path / "staging").rglob("epoch-*.arrow"))
+    staged.write_bytes(staged.read_bytes()[:-1] + b"?")
+    with pytest.raises(CorruptCheckpointError, match="fails its sha256 check"):
+        sink.savepoint_handle(handle, str(tmp_path / "savepoint"), {})
+
+
+def test_a_savepoint_skips_staged_files_the_committer_published_meanwhile(make_sink, broker, tmp_path):
+    sink = make_sink()
+    sink.recover(None)
+    sink.write_epoch(1, rows("a"))
+    sink.pre_commit(1)
+    sink.write_epoch(2, rows("b"))
+    handle = sink.pre_commit(2)                  # still lists segment 1 ...
+    sink.commit({**handle, "checkpoint_id": 1, "segments": handle["segments"][:1]})  # ... published now
+    savepoint = tmp_path / "savepoint"
+    carried = sink.savepoint_handle(handle, str(savepoint), {})
+    assert carried["savepoint_staged"] == "sinks/kafka"
+    assert [p.name for p in (savepoint / "sinks" / "kafka").iterdir()] == \
+        [f["name"] for f in handle["segments"][1]["staged"]]
