@@ -158,6 +158,18 @@ class Sink(ABC):
         """The runtime offers a durable directory beside the job's checkpoints for sinks
         that stage rows between pre-commit and commit. Default: not needed."""
 
+    def savepoint_handle(self, handle: Mapping[str, Any], savepoint_url: str,
+                         options: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`handle` (from `pre_commit`) is part of the savepoint at `savepoint_url`. A sink
+        whose staged output lives with the job's checkpoints, not beside its output,
+        copies what the handle needs into the savepoint and names the copies relative to
+        it, so a new job started from a moved savepoint still finds them. Default: as is."""
+        return handle
+
+    def use_savepoint(self, savepoint_url: str, options: Mapping[str, Any]) -> None:
+        """The job starts from the savepoint at `savepoint_url`; called before `recover`
+        gets that savepoint's handle. Default: nothing to do."""
+
     def committed_epochs(self) -> list[int]:
         """Epochs whose output is committed (to refuse mixing two runs' output)."""
         return []

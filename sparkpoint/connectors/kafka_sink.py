@@ -58,6 +58,15 @@ job lease stops the zombie). Errors that no restart can cure
 (authorization, a transaction timeout above the brokers' maximum, brokers without
 transactions) are raised as ConfigError, which the runtime does not retry.
 
+Savepoints: the staged rows live with the job's checkpoints, but a savepoint is
+self-contained and relocatable, and a new job may start from it with another checkpoint
+directory after the job that took it was cancelled and its directory deleted. So the
+handle of a savepoint (`savepoint_handle`) comes with copies of the staged files of
+every unpublished segment in `<savepoint>/sinks/<name>/`, named relative to the
+savepoint. `recover` of a job started from it (`use_savepoint`) copies those it still
+has to publish into its own staging directory first; the savepoint itself is never
+written to or deleted from by the new job.
+
 Threads: `write_epoch`/`pre_commit` run on the epoch loop, `commit` on the committer
 thread; the sealed segments they share are guarded by a lock.
 
@@ -105,6 +114,9 @@ _STAGED_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 # match: no '/', no '..', so nothing outside the staging directory is read or deleted.
 _STAGED_NAME = re.compile(r"epoch-\d{1,19}-[0-9a-f]{8}\.arrow")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# Where a savepoint keeps its copies of the staged files, relative to the savepoint.
+_SAVEPOINT_STAGED_KEY = "savepoint_staged"
+_SAVEPOINT_STAGED_DIR = "sinks"
 # send_offsets_to_transaction gets its timeout plus this before it is abandoned.
 _MARKER_GRACE_S = 5.0
 # Abandoned marker calls (each holding a producer and a thread) tolerated at once; past
@@ -215,6 +227,8 @@ class KafkaSink(Sink):
         self._fenced = False                      # a newer run took over our transactional id
         # Marker calls abandoned past their time-out: (thread, the producer it holds).
         self._stuck: list[tuple[threading.Thread, Any]] = []
+        # The savepoint this job starts from (url, storage options), if any.
+        self._savepoint: tuple[str, dict[str, Any]] | None = None
 
     # -- identity -----------------------------------------------------------------------
     @property
@@ -233,6 +247,9 @@ class KafkaSink(Sink):
         if self.staging_dir is None:  # an explicit staging_dir wins
             self.staging_dir = staging_dir
             self.staging_options = self.staging_options or dict(options)
+
+    def use_savepoint(self, savepoint_url: str, options: Mapping[str, Any]) -> None:
+        self._savepoint = (savepoint_url, dict(options))
 
     def open(self, job_name: str) -> None:
         self._job_name = job_name
@@ -325,6 +342,7 @@ class KafkaSink(Sink):
                     "publish up to checkpoint %d to %s (a savepoint restored, or newer "
                     "checkpoints lost); the records in between are published again",
                     self.name, restored, self._last_committed, self.topic)
+            self._fetch_from_savepoint(handle)
             self.commit(handle)
             # Then a generation of this run: the ids to come may have been used, and
             # published, by the run that wrote the handle (a savepoint restored into a new
@@ -376,6 +394,64 @@ class KafkaSink(Sink):
             # still pending is covered by this one too, so no abort can lose rows.
             "segments": segments,
         }
+
+    def savepoint_handle(self, handle: Mapping[str, Any], savepoint_url: str,
+                         options: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Copy the staged files of the handle's unpublished segments into the savepoint
+        (checked against the handle as they are read) and name the copies relative to it.
+        A file the committer thread deleted meanwhile was published: not needed."""
+        if self.mode == "at_least_once":
+            return handle
+        fs = self._require_fs()
+        relative = f"{_SAVEPOINT_STAGED_DIR}/{self.name}"
+        dest = StorageFS.from_url(savepoint_url, dict(options))
+        dest_dir = f"{dest.root.rstrip('/')}/{relative}"
+        dest.makedirs(dest_dir)
+        for segment in (Segment.from_json(s) for s in handle["segments"]):
+            for staged in segment.files:
+                try:
+                    data = self._read_staged_bytes(staged)
+                except CorruptCheckpointError:
+                    if segment.checkpoint_id <= self._last_committed:
+                        continue
+                    raise
+                dest.write_atomic(f"{dest_dir}/{staged.name}", data)
+        return {**handle, _SAVEPOINT_STAGED_KEY: relative}
+
+    def _fetch_from_savepoint(self, handle: Mapping[str, Any]) -> None:
+        """Copy the savepoint's copies of the files still to publish into this run's
+        staging directory (the job that took the savepoint may be gone, with its own)."""
+        relative = handle.get(_SAVEPOINT_STAGED_KEY)
+        if relative is None or self._savepoint is None:
+            return
+        parts = relative.split("/") if isinstance(relative, str) else []
+        if len(parts) != 2 or parts[0] != _SAVEPOINT_STAGED_DIR or parts[1] in ("", ".", "..") \
+                or "\\" in relative:
+            raise CorruptCheckpointError(
+                f"Kafka sink handle: {_SAVEPOINT_STAGED_KEY}={relative!r:.100} is not a directory the "
+                f"sink writes in a savepoint ({_SAVEPOINT_STAGED_DIR}/<sink name>); the savepoint's "
+                "_metadata was altered or damaged, so nothing is read from it")
+        url, options = self._savepoint
+        src = StorageFS.from_url(url, options)
+        src_dir = f"{src.root.rstrip('/')}/{relative}"
+        fs = self._require_fs()
+        for s in handle.get("segments") or []:
+            segment = Segment.from_json(s)
+            if segment.checkpoint_id <= self._last_committed:
+                continue
+            for staged in segment.files:
+                to = self._staged_path(staged.name)
+                if fs.exists(to):
+                    continue
+                path = f"{src_dir}/{staged.name}"
+                try:
+                    data = src.read_bytes(path)
+                except FileNotFoundError:
+                    raise CorruptCheckpointError(
+                        f"Kafka sink {self.name}: staged file {path} of the savepoint is missing; the "
+                        "rows of its unpublished checkpoint cannot be published. Copy the savepoint "
+                        "directory whole, or start from another savepoint") from None
+                fs.write_atomic(to, data)
 
     def commit(self, handle: Mapping[str, Any]) -> None:
         if self.mode == "at_least_once":
@@ -617,7 +693,7 @@ class KafkaSink(Sink):
             if staged.size >= 0 and size != staged.size:
                 raise self._corrupt(path, f"has {size} bytes, the checkpoint recorded {staged.size}")
 
-    def _read_staged(self, staged: StagedFile) -> pa.Table:
+    def _read_staged_bytes(self, staged: StagedFile) -> bytes:
         path = self._staged_path(staged.name)
         try:
             data = self._require_fs().read_bytes(path)
@@ -627,6 +703,11 @@ class KafkaSink(Sink):
             raise self._corrupt(path, f"has {len(data)} bytes, the checkpoint recorded {staged.size}")
         if hashlib.sha256(data).hexdigest() != staged.sha256:
             raise self._corrupt(path, "fails its sha256 check (damaged or overwritten)")
+        return data
+
+    def _read_staged(self, staged: StagedFile) -> pa.Table:
+        path = self._staged_path(staged.name)
+        data = self._read_staged_bytes(staged)
         try:
             return ipc.open_stream(data).read_all()
         except pa.ArrowException as e:

@@ -142,6 +142,8 @@ class RestoreSteps:
         self.restored_from = data.checkpoint_id
         self.positions = dict(handles[self.source_participant]["positions"])
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
+        if savepoint is not None:  # its sink handle may name files inside the savepoint
+            self.sink.use_savepoint(savepoint, dict(self.settings.storage_options))
         self.sink.recover(handles.get(self.sink_participant))
         what = f"savepoint {savepoint}" if savepoint else f"checkpoint {data.checkpoint_id}"
         log.info("job %s restores %s (epoch %d)", self.job_name, what, self.epoch)

@@ -40,6 +40,9 @@ class SnapshotSteps:
         try:
             self.faults.check_sync(self.sink_participant, checkpoint_id)
             sink_handle = dict(self.sink.pre_commit(checkpoint_id))
+            if savepoint_url is not None:  # a savepoint is self-contained: the sink copies what it staged
+                sink_handle = dict(self.sink.savepoint_handle(sink_handle, savepoint_url,
+                                                              dict(self.settings.storage_options)))
         except Exception as e:
             log.warning("checkpoint %d: sink pre-commit failed: %s", checkpoint_id, _summary(e))
             c.decline(checkpoint_id, self.sink_participant, CheckpointFailureReason.TASK_SYNC_FAILURE, e)

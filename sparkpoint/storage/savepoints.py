@@ -3,6 +3,9 @@
     <savepoint>/_metadata        the checkpoint's metadata, properties.savepoint = true
     <savepoint>/shared/...       every state file its handles reference, under the same
                                  relative path as in the job directory
+    <savepoint>/sinks/<name>/...  a sink's staged output the savepoint has not published,
+                                 if the sink stages beside the checkpoints (Kafka);
+                                 written and read by the sink itself
 
 Handles name files relative to the directory that holds them: the job directory for a
 checkpoint, the savepoint directory itself for a savepoint. So copying a savepoint

@@ -118,3 +118,47 @@ def test_a_savepoint_restored_into_a_new_checkpoint_directory_publishes_every_re
     assert +(before_savepoint - by_first) == Counter()           # ... up to the savepoint at least
     assert +(by_first - before_savepoint) != Counter(), "the first job must have published past the savepoint"
     assert by_second + before_savepoint == Counter(events.values())
+
+
+def test_a_job_cancelled_right_after_a_savepoint_has_its_staged_records_published_once_by_a_job_elsewhere(
+        spark, kafka: KafkaTestClient, new_topic, tmp_path):
+    """The first job takes an intermediate savepoint and is cancelled before any checkpoint
+    publishes what it staged; its checkpoint directory (where the sink staged) is deleted
+    and the savepoint moved. A job with another checkpoint directory started from the moved
+    savepoint publishes the first job's records up to the savepoint, and its own after it:
+    each exactly once."""
+    import shutil
+
+    from sparkpoint.runtime.status import JobStatus
+
+    source_topic, sink_topic = new_topic(partitions=PARTITIONS), new_topic(partitions=1)
+    events = {(i % PARTITIONS, i // PARTITIONS): f"event-{i}" for i in range(PARTITIONS * PER_PARTITION)}
+    kafka.produce(source_topic, [(p, f"k{i}".encode(), events[p, i // PARTITIONS].encode())
+                                 for i in range(PARTITIONS * PER_PARTITION) for p in [i % PARTITIONS]])
+
+    # No periodic checkpoint comes before the cancel: the savepoint's rows stay staged.
+    first = Run(spark, kafka, tmp_path / "a", source_topic, sink_topic, "a",
+                **{"execution.checkpointing.interval": "1 h"})
+    first.wait_until(lambda j: j.epoch >= 3)
+    taken = tmp_path / "a" / "savepoint"
+    assert first.job.trigger_savepoint(str(taken)).result(60) == str(taken)
+    first.job.cancel()
+    assert first.join().status is JobStatus.CANCELED
+    assert first.job.sink.last_committed_checkpoint == 0, "the first job published something"
+    savepoint = decode((taken / "_metadata").read_bytes())
+    moved = tmp_path / "elsewhere" / "savepoint"
+    shutil.copytree(taken, moved)
+    shutil.rmtree(tmp_path / "a")   # the first job's checkpoints, its staged rows, the savepoint
+
+    second = Run(spark, kafka, tmp_path / "b", source_topic, sink_topic, "b",
+                 **{"execution.state-recovery.path": str(moved)})
+    assert second.join().status is JobStatus.FINISHED
+    assert second.job.restored_from == savepoint.checkpoint_id
+
+    at = {int(s.rsplit(":", 1)[1]): int(o) for s, o in savepoint.handles["source:kafka"]["positions"].items()}
+    before_savepoint = Counter(e for (p, o), e in events.items() if o < at[p])
+    after_savepoint = Counter(e for (p, o), e in events.items() if o >= at[p])
+    assert before_savepoint and after_savepoint, "the savepoint must split the input"
+    out = [v.decode() for *_, v in kafka.read_committed(sink_topic)]
+    assert Counter(v[2:] for v in out if v.startswith("a:")) == before_savepoint
+    assert Counter(v[2:] for v in out if v.startswith("b:")) == after_savepoint

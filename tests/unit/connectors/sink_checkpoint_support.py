@@ -3,12 +3,14 @@ way the runtime wires them: the sink acks every barrier with its `pre_commit` ha
 completed checkpoint's notification runs `commit(handle)`, and a failover restores the
 coordinator's latest checkpoint and runs `recover(handle)` on the same sink. Executors
 are played by a pickled copy of the sink's writer (or `write_epoch` for sinks without
-one)."""
+one). A savepoint's sink handle goes through `savepoint_handle`, as the runtime passes it,
+with the savepoint's directory (a real one if the test names a target)."""
 
 from __future__ import annotations
 
 import json
 import random
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +43,9 @@ class SavepointCapableStorage(InMemoryCheckpointStorage):
         self.savepoints: dict[str, CompletedCheckpointData] = {}
 
     def initialize_savepoint_location(self, checkpoint_id: int, target: str | None) -> SavepointLocation:
-        return SavepointLocation(checkpoint_id, target or f"mem://job/savepoints/savepoint-{checkpoint_id}")
+        # fsspec's in-memory filesystem is one per process: a name of its own per savepoint.
+        return SavepointLocation(checkpoint_id, target or
+                                 f"memory://sinkjob-{uuid.uuid4().hex}/savepoints/savepoint-{checkpoint_id}")
 
     def commit_metadata(self, location: Any, data: CompletedCheckpointData) -> None:
         if isinstance(location, SavepointLocation):
@@ -93,14 +97,18 @@ class SinkJob:
     def checkpoint(self) -> CompletedCheckpointData:
         return self._barrier(self.coordinator.trigger_checkpoint(forced=True))
 
-    def savepoint(self, *, terminate: bool = False) -> CompletedCheckpointData:
-        return self._barrier(self.coordinator.trigger_savepoint(terminate=terminate))
+    def savepoint(self, *, terminate: bool = False, target: str | None = None) -> CompletedCheckpointData:
+        return self._barrier(self.coordinator.trigger_savepoint(target, terminate=terminate))
 
     def _barrier(self, future) -> CompletedCheckpointData:
-        checkpoint_id = self.gateway.triggered_ids[-1]
+        trigger = self.gateway.triggers[-1]
+        checkpoint_id = trigger.checkpoint_id
         self.coordinator.acknowledge(checkpoint_id, "job", {"checkpoint": checkpoint_id})
+        handle = self.sink.pre_commit(checkpoint_id)
+        if trigger.properties.savepoint:  # as the runtime's snapshot step does
+            handle = self.sink.savepoint_handle(handle, trigger.location.target, {})
         # Through JSON, as `_metadata` stores it and a restore reads it back.
-        self.coordinator.acknowledge(checkpoint_id, SINK, json.loads(json.dumps(self.sink.pre_commit(checkpoint_id))))
+        self.coordinator.acknowledge(checkpoint_id, SINK, json.loads(json.dumps(handle)))
         return future.result(0)
 
     def fail_over(self) -> int:

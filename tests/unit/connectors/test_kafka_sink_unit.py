@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shutil
 import threading
 from typing import Any
 
@@ -367,3 +369,68 @@ def test_an_older_runs_checkpoint_is_known_published_by_its_record_once_its_mark
     again = make_sink()
     again.recover(handle)                        # the first run's staged files are gone
     assert broker.published == [b"a", b"b"]
+
+
+# -- a savepoint carries the staged rows it has not published ---------------------------
+def _intermediate_savepoint(make_sink, tmp_path) -> tuple[dict[str, Any], Any]:
+    """A job stages two epochs, takes a savepoint without publishing, is cancelled and its
+    staging deleted: (the savepoint's handle as `_metadata` keeps it, the savepoint dir)."""
+    sink = make_sink(staging="old")
+    sink.recover(None)
+    sink.write_epoch(1, rows("a", "b"))
+    savepoint = tmp_path / "savepoint"
+    handle = json.loads(json.dumps(sink.savepoint_handle(sink.pre_commit(1), str(savepoint), {})))
+    sink.close()
+    shutil.rmtree(tmp_path / "old")
+    return handle, savepoint
+
+
+def test_a_savepoint_whose_copy_of_a_staged_file_is_gone_names_it_and_publishes_nothing(
+        make_sink, broker, tmp_path):
+    handle, savepoint = _intermediate_savepoint(make_sink, tmp_path)
+    (copy,) = (savepoint / "sinks" / "kafka").iterdir()
+    copy.unlink()
+    new = make_sink(staging="new")
+    new.use_savepoint(str(savepoint), {})
+    with pytest.raises(CorruptCheckpointError, match=f"staged file {re.escape(str(copy))} of the savepoint is missing"):
+        new.recover(handle)
+    assert broker.published == []
+
+
+@pytest.mark.parametrize("where", ["../../outside", "sinks/../..", "/etc", "sinks/kafka/x", "sinks/.."])
+def test_a_crafted_savepoint_staging_path_cannot_make_recover_read_outside_the_savepoint(
+        make_sink, broker, tmp_path, where):
+    handle, savepoint = _intermediate_savepoint(make_sink, tmp_path)
+    new = make_sink(staging="new")
+    new.use_savepoint(str(savepoint), {})
+    with pytest.raises(CorruptCheckpointError, match="is not a directory the sink writes in a savepoint"):
+        new.recover({**handle, "savepoint_staged": where})
+    assert broker.published == []
+
+
+def test_a_savepoint_does_not_copy_a_damaged_staged_file_it_has_not_published(make_sink, broker, tmp_path):
+    """The savepoint fails (the runtime declines it, the job keeps running) instead of
+    carrying rows that could never be published."""
+    sink = make_sink()
+    sink.recover(None)
+    sink.write_epoch(1, rows("a"))
+    handle = sink.pre_commit(1)
+    (staged,) = (p for p in (tmp_path / "staging").rglob("epoch-*.arrow"))
+    staged.write_bytes(staged.read_bytes()[:-1] + b"?")
+    with pytest.raises(CorruptCheckpointError, match="fails its sha256 check"):
+        sink.savepoint_handle(handle, str(tmp_path / "savepoint"), {})
+
+
+def test_a_savepoint_skips_staged_files_the_committer_published_meanwhile(make_sink, broker, tmp_path):
+    sink = make_sink()
+    sink.recover(None)
+    sink.write_epoch(1, rows("a"))
+    sink.pre_commit(1)
+    sink.write_epoch(2, rows("b"))
+    handle = sink.pre_commit(2)                  # still lists segment 1 ...
+    sink.commit({**handle, "checkpoint_id": 1, "segments": handle["segments"][:1]})  # ... published now
+    savepoint = tmp_path / "savepoint"
+    carried = sink.savepoint_handle(handle, str(savepoint), {})
+    assert carried["savepoint_staged"] == "sinks/kafka"
+    assert [p.name for p in (savepoint / "sinks" / "kafka").iterdir()] == \
+        [f["name"] for f in handle["segments"][1]["staged"]]

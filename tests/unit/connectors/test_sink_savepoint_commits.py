@@ -7,9 +7,12 @@ publishes its output when it restores (two-phase-commit recovery)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import pyarrow as pa
 import pytest
 from sink_checkpoint_support import SINK, SinkJob
 from test_kafka_sink_unit import FakeBroker, FakeMarkerConsumer, FakeProducer
@@ -132,3 +135,53 @@ def test_a_new_job_started_from_an_intermediate_savepoint_commits_its_output_on_
     assert target.committed() == ["a0", "b0"]
     new_job_sink.recover(restored)  # a crash during that restore: run again, still once
     assert target.committed() == ["a0", "b0"]
+
+
+def test_a_new_job_in_another_checkpoint_directory_publishes_what_an_intermediate_savepoint_staged_once(
+        tmp_path, monkeypatch):
+    """The Kafka sink stages beside the job's checkpoints. The job that took an
+    intermediate savepoint is cancelled before its next checkpoint and its checkpoint
+    directory deleted; the savepoint is moved elsewhere; a new job with checkpoints of its
+    own recovers from it: every staged row is published, once."""
+    broker = FakeBroker()
+    monkeypatch.setattr(KafkaSink, "_check_topic_exists", lambda self, timeout_s=10.0: None)
+    monkeypatch.setattr(KafkaSink, "_make_producer", lambda self, transactional: FakeProducer(broker))
+    monkeypatch.setattr(KafkaSink, "_make_marker_consumer", lambda self, group: FakeMarkerConsumer(broker, group))
+
+    def sink_beside(checkpoints) -> KafkaSink:
+        sink = KafkaSink("fake:9092", "out", transaction_timeout_s=0.2)
+        sink.use_job_storage(str(checkpoints / "job" / "sinks" / "kafka"), {})  # the runtime's default
+        sink.open("job")
+        return sink
+
+    job = SinkJob(sink_beside(tmp_path / "a"))
+    job.epoch(0, "a0")
+    job.checkpoint()
+    job.epoch(1, "b0", "b1")
+    job.epoch(2, "c0")
+    taken = tmp_path / "a" / "job" / "savepoints" / "savepoint-2"
+    taken.mkdir(parents=True)                    # as the checkpoint storage initializes it
+    savepoint = job.savepoint(target=str(taken))
+    job.sink.close()                             # cancelled: no checkpoint after the savepoint
+    shutil.rmtree(tmp_path / "a" / "job" / "sinks")
+    moved = tmp_path / "elsewhere" / "savepoint-2"
+    shutil.copytree(taken, moved)                # relocatable: the copy is what the new job gets
+    shutil.rmtree(tmp_path / "a")
+
+    restored: dict[str, Any] = json.loads(json.dumps(savepoint.handles[SINK]))
+    in_the_savepoint = _listing(moved)
+    new_job_sink = sink_beside(tmp_path / "b")
+    new_job_sink.use_savepoint(str(moved), {})
+    new_job_sink.recover(restored)
+    assert sorted(v.decode() for v in broker.published) == ["a0", "b0", "b1", "c0"]
+    new_job_sink.recover(restored)               # a crash during that restore: run again, still once
+    assert sorted(v.decode() for v in broker.published) == ["a0", "b0", "b1", "c0"]
+
+    new_job_sink.write_epoch(3, pa.table({"value": ["d0"]}))   # the new job goes on from there
+    new_job_sink.commit(new_job_sink.pre_commit(savepoint.checkpoint_id + 1))
+    assert sorted(v.decode() for v in broker.published) == ["a0", "b0", "b1", "c0", "d0"]
+    assert _listing(moved) == in_the_savepoint, "a new job never changes the savepoint it started from"
+
+
+def _listing(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
