@@ -14,6 +14,9 @@ A rule says *which* storage operations misbehave and *how*:
   (or "slow(2.5)"), or "truncate": the operation *succeeds* with the first half of the
   bytes (a torn write / short read), which verification must catch.
 - times: how often the rule fires before it retires; omitted/null = unlimited.
+- duration: seconds; the rule fires from its first match until `duration` seconds
+  later, then retires: an outage of that length (e.g. during a restore), however many
+  calls fall into it. Counted from the first match in each process that applies it.
 
 Rules are checked in insertion order; the first match fires. They can be added and
 removed while the job runs (thread-safe). In the `sparkpoint.faults` config list,
@@ -86,7 +89,7 @@ class FaultAction:
 
 
 _ids = itertools.count(1)
-_RULE_KEYS = {"op", "path", "path_regex", "checkpoints", "action", "seconds", "times", "name"}
+_RULE_KEYS = {"op", "path", "path_regex", "checkpoints", "action", "seconds", "times", "duration", "name"}
 
 
 @dataclass
@@ -98,14 +101,19 @@ class FaultRule:
     checkpoints: frozenset[int] | None = None
     times: int | None = None  # remaining firings; None = unlimited
     name: str = field(default_factory=lambda: f"rule-{next(_ids)}")
+    duration: float | None = None  # seconds from the first firing; then the rule retires
+    began: float | None = None  # clock reading of the first firing (with `duration`)
 
     def __post_init__(self) -> None:
         if self.path is not None and self.path.startswith("re:"):
             self.path_regex, self.path = self.path[3:], None
         self._regex = re.compile(self.path_regex) if self.path_regex is not None else None
 
-    def matches(self, op: FaultOp, path: str, relative_path: str) -> bool:
+    def matches(self, op: FaultOp, path: str, relative_path: str, now: float | None = None) -> bool:
         if self.times is not None and self.times <= 0:
+            return False
+        if self.duration is not None and self.began is not None and now is not None \
+                and now - self.began >= self.duration:
             return False
         if self.op is not FaultOp.ANY and self.op is not op:
             return False
@@ -140,6 +148,11 @@ class FaultRule:
         elif not isinstance(times, int) or times < 1:
             raise ConfigError(f"fault rule times={times!r} must be a positive integer or 'unlimited'")
         kwargs: dict[str, Any] = {}
+        if config.get("duration") is not None:
+            duration = float(config["duration"])
+            if duration <= 0:
+                raise ConfigError(f"fault rule duration={config['duration']!r} must be a positive number of seconds")
+            kwargs["duration"] = duration
         if "name" in config:
             kwargs["name"] = str(config["name"])
         return cls(op=op, action=FaultAction.parse(config["action"], config.get("seconds")),
@@ -180,10 +193,11 @@ class FaultyStorageFS(StorageFS):
     """A StorageFS that misbehaves according to its rules; otherwise delegates to `inner`."""
 
     def __init__(self, inner: StorageFS, rules: Iterable[FaultRule | Mapping[str, Any]] = (),
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
         super().__init__(inner.fs, inner.root)
         self.inner = inner
         self._sleep = sleep
+        self._clock = clock
         self._lock = threading.Lock()
         self._rules: list[FaultRule] = []
         self.fired: list[FiredFault] = []
@@ -222,11 +236,14 @@ class FaultyStorageFS(StorageFS):
         truncate action for the caller to apply."""
         relative = path[len(self.root) + 1:] if path.startswith(self.root + "/") else path
         with self._lock:
-            rule = next((r for r in self._rules if r.matches(op, path, relative)), None)
+            now = self._clock()
+            rule = next((r for r in self._rules if r.matches(op, path, relative, now)), None)
             if rule is None:
                 return None
             if rule.times is not None:
                 rule.times -= 1
+            if rule.duration is not None and rule.began is None:
+                rule.began = now
             self.fired.append(FiredFault(rule.name, op, path, rule.action))
         if rule.action.kind is FaultKind.FAIL:
             raise StorageError(f"injected fault: {op.value} of {path} failed (rule {rule.name})")
