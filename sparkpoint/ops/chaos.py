@@ -591,14 +591,20 @@ class Chaos:
             cmd += ["--set", s]
         return cmd
 
-    def launch(self, rundir: Path, name: str, extra: list[str] | None = None) -> Run:
+    def run_pipeline(self, rundir: Path) -> Path:
+        """The pipeline file a run starts: the user's, isolated (isolate())."""
         rundir.mkdir(parents=True, exist_ok=True)
-        tag = run_tag(self.workdir, rundir)
         wrapper = rundir / "chaos_pipeline.py"
-        if not wrapper.exists():
-            wrapper.write_text(_WRAPPER.format(pipeline=self.pipeline_file, tag=tag, rundir=str(rundir)))
+        wrapper.write_text(_WRAPPER.format(pipeline=self.pipeline_file, tag=run_tag(self.workdir, rundir),
+                                           rundir=str(rundir)))
+        return wrapper
+
+    def launch(self, rundir: Path, name: str, extra: list[str] | None = None) -> Run:
+        if not (rundir / "chaos_pipeline.py").exists():
+            self.run_pipeline(rundir)
             if self.output.kind == "kafka":
-                _create_topic(self.output.bootstrap, run_topic(self.output.where, tag), self.output.partitions)
+                _create_topic(self.output.bootstrap, run_topic(self.output.where, run_tag(self.workdir, rundir)),
+                              self.output.partitions)
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
         env[RUN_DIR_ENV] = str(rundir)
         run = Run(self.command(rundir, extra or []), rundir, env, rundir / f"{name}.log")

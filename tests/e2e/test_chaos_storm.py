@@ -2,7 +2,12 @@
 outage, corrupt, second, executor-kill, restore-outage) over several seeds, on a Delta
 sink with checkpoints on an S3 API, and on Kafka source and sink (a real broker). One job
 per setting takes every fault once per seed (a Spark start per seed, not per fault), and
-its committed output must equal the fault-free run's: 0 rows lost, 0 duplicated.
+its committed output must equal an oracle's: 0 rows lost, 0 duplicated.
+
+The oracles are batch computations of what the pipeline must commit, from the input
+alone (no failure-free reference job: that would cost a Spark start and the whole input
+again): the generator's events recomputed with Spark's own hash, and the Kafka input the
+test produced folded epoch by epoch.
 
 Seeds: SPARKPOINT_CHAOS_SEED (first, default 1) and SPARKPOINT_CHAOS_SEEDS (how many; CI
 runs 5 in all: 3 on Delta/S3, 2 on Kafka; `make chaos` runs 20 on each). Each test writes
@@ -13,14 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import struct
 import sys
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import REPO
+from sparkpoint.ops.chaos import Chaos, kafka_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
@@ -36,12 +43,15 @@ parallelism.default: 2
 """
 
 # Event-time windows with no late events: the windows' counts and sums are the same
-# whatever the epoch boundaries (the fault-free run's rows are every run's rows).
+# whatever the epoch boundaries, so the input may be paced by wall time (rate_per_s):
+# the job lasts about as long on a fast machine as on a slow one.
+KEYS, EVENT_TIME_PER_S, WINDOW_MS, START_TS = 50, 2_000, 2_000, 1_700_000_000_000
+RATE_PER_S, EVENTS_PER_SEED = 400, 24_000
 DELTA_PIPELINE = """\
 from sparkpoint import DeltaSink, GeneratorSource, Pipeline, TumblingWindow
 pipeline = (
     Pipeline("chaos-delta")
-    .source(GeneratorSource("events", keys=50, total_events={total}, max_records_per_epoch=1_000, splits=2,
+    .source(GeneratorSource("events", keys=50, total_events={total}, rate_per_s={rate}, splits=2,
                             disorder_ms=0, event_time_per_s=2_000))
     .watermark("ts", delay="2 s")
     .stateful(TumblingWindow("windows", ["key"], "ts", size="2 s", aggs=("count", "sum"), value_column="value",
@@ -51,9 +61,13 @@ pipeline = (
 """
 
 # The Kafka example's shape: all input is produced first, so epoch boundaries are a pure
-# function of the restored offsets and even update-mode totals match the fault-free run.
+# function of the restored offsets and even update-mode totals are known in advance. The
+# driver waits a little each epoch so the job does not outrun the faults on a fast machine.
+USERS, AMOUNTS, PARTITIONS, PER_PARTITION = 97, 13, 3, 200
+KAFKA_EVENTS_PER_SEED = 18_000
 KAFKA_PIPELINE = """\
 import json
+import time
 import pyarrow as pa
 from sparkpoint import KeyedAggregate, Pipeline
 from sparkpoint.connectors.kafka_common import decode_json
@@ -61,6 +75,7 @@ from sparkpoint.connectors.kafka_sink import KafkaSink
 from sparkpoint.connectors.kafka_source import KafkaSource
 
 def parse(df):
+    time.sleep(0.4)
     return decode_json(df, "user string, amount bigint").selectExpr("data.user AS user", "data.amount AS amount")
 
 def to_records(t):
@@ -70,7 +85,7 @@ def to_records(t):
 
 pipeline = (
     Pipeline("chaos-kafka")
-    .source(KafkaSource({bootstrap!r}, "events", group_id="production", max_records_per_partition_per_epoch=300,
+    .source(KafkaSource({bootstrap!r}, "events", group_id="production", max_records_per_partition_per_epoch=200,
                         bounded=True))
     .transform(parse)
     .stateful(KeyedAggregate("totals", ["user"], "amount", value_type="bigint"))
@@ -90,20 +105,18 @@ def _out(tmp_path: Path, name: str) -> Path:
     return out
 
 
-def _storm(tmp_path: Path, pipeline: Path, workdir: Path, first_seed: int, seeds: int,
-           *extra: str) -> dict:
+def _storm(tmp_path: Path, pipeline: Path, workdir: Path, first_seed: int, seeds: int, expected: Counter,
+           sets: tuple[str, ...] = (), checkpoint_base: str | None = None) -> dict:
     (tmp_path / "chaos.yaml").write_text(CONFIG)
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkpoint.ops.cli", "chaos", str(pipeline), "--config", str(tmp_path / "chaos.yaml"),
-         "--storm", "--faults", FAULTS, "--seed", str(first_seed), "--seeds", str(seeds), "--workdir", str(workdir),
-         "--timeout", "600", "--json", *extra],
-        cwd=REPO, env=dict(os.environ, PYSPARK_PYTHON=sys.executable), capture_output=True, text=True,
-        timeout=600 + 300 * seeds)
-    report_file = workdir / "chaos-report.md"
-    assert report_file.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    print("\n" + report_file.read_text())
-    report = json.loads(proc.stdout)
-    return report
+    began = time.monotonic()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    chaos = Chaos(str(pipeline), str(tmp_path / "chaos.yaml"), sets, FAULTS.split(","), first_seed, workdir,
+                  timeout=600, kills=None, echo=print, seeds=seeds, storm=True, checkpoint_base=checkpoint_base,
+                  expected=expected)
+    report = chaos.run()
+    print(f"\n{report.render()}\n(storm of {seeds} seed(s): {time.monotonic() - began:.0f} s)")
+    assert (workdir / "chaos-report.md").read_text().startswith("sparkpoint chaos ")
+    return report.to_dict()
 
 
 def _assert_every_fault_every_seed_exactly_once(report: dict, first_seed: int, seeds: int) -> None:
@@ -118,18 +131,75 @@ def _assert_every_fault_every_seed_exactly_once(report: dict, first_seed: int, s
     assert report["ok"]
 
 
+# -- the oracles ------------------------------------------------------------------------
+
+def _spark_xxhash64(seed: int, n: int) -> int:
+    """Spark SQL's `xxhash64(seed, n)` for an INT literal and a BIGINT (Spark folds the
+    columns into XXH64 one after another, starting from seed 42), as a signed long."""
+    import xxhash
+
+    h = xxhash.xxh64_intdigest(struct.pack("<i", seed), seed=42)
+    h = xxhash.xxh64_intdigest(struct.pack("<q", n), seed=h)
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def windows_oracle(total: int, splits: int = 2, generator_seed: int = 7) -> Counter:
+    """Every (key, window_start, window_end, count, sum) of DELTA_PIPELINE's input: the
+    GeneratorSource's events (record n of split s is event g = n * splits + s) grouped
+    into 2 s windows of event time."""
+    windows: dict[tuple[int, int], tuple[int, int]] = {}
+    base, extra = divmod(total, splits)
+    for s in range(splits):
+        for n in range(base + (1 if s < extra else 0)):
+            g = n * splits + s
+            key = _spark_xxhash64(generator_seed, g) % KEYS
+            value = _spark_xxhash64(generator_seed + 2, g) % 1000
+            ts = int(START_TS + (g * 1000) / EVENT_TIME_PER_S)
+            start = ts - ts % WINDOW_MS
+            count, total_value = windows.get((key, start), (0, 0))
+            windows[(key, start)] = (count + 1, total_value + value)
+    # Chaos compares rows as tuples of the columns in sorted order.
+    return Counter((count, key, total_value, start + WINDOW_MS, start)
+                   for (key, start), (count, total_value) in windows.items())
+
+
+def kafka_oracle(count: int) -> Counter:
+    """Every (key, value) KAFKA_PIPELINE commits for the input _produce wrote: each epoch
+    reads PER_PARTITION records of every partition, and every user it touched gets its
+    running totals as one record."""
+    lengths = [len(range(p, count, PARTITIONS)) for p in range(PARTITIONS)]
+    totals: dict[str, tuple[int, int, int, int]] = {}
+    out: Counter = Counter()
+    epoch = 0
+    while any(PER_PARTITION * epoch < n for n in lengths):
+        touched = set()
+        for p in range(PARTITIONS):
+            for offset in range(PER_PARTITION * epoch, min(PER_PARTITION * (epoch + 1), lengths[p])):
+                i = offset * PARTITIONS + p
+                user, amount = f"u{i % USERS}", i % AMOUNTS
+                c = totals.get(user)
+                totals[user] = (1, amount, amount, amount) if c is None else (
+                    c[0] + 1, max(c[1], amount), min(c[2], amount), c[3] + amount)
+                touched.add(user)
+        for user in touched:
+            n, high, low, total = totals[user]
+            out[(user, json.dumps({"count": n, "max": high, "min": low, "sum": total, "user": user},
+                                  sort_keys=True))] += 1
+        epoch += 1
+    return out
+
+
 def test_chaos_storm_on_a_delta_sink_with_checkpoints_on_s3_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     from tests.e2e.delta_job import s3_server_process
 
     seeds = _seeds(3)
+    total = EVENTS_PER_SEED * (seeds + 1)  # paced: about a minute of input per segment
     pipeline = tmp_path / "delta_pipeline.py"
-    # Enough input that every segment (a Spark start, then about 30 s of faults) ends
-    # before the input does.
-    pipeline.write_text(DELTA_PIPELINE.format(total=20_000 + 30_000 * seeds))
+    pipeline.write_text(DELTA_PIPELINE.format(total=total, rate=RATE_PER_S))
     with s3_server_process("chaos") as options:
-        report = _storm(tmp_path, pipeline, _out(tmp_path, "delta-s3"), FIRST_SEED, seeds,
-                        "--checkpoint-dir", "s3://chaos/runs",
-                        "--set", f"execution.checkpointing.storage-options={json.dumps(options)}")
+        report = _storm(tmp_path, pipeline, _out(tmp_path, "delta-s3"), FIRST_SEED, seeds, windows_oracle(total),
+                        sets=(f"execution.checkpointing.storage-options={json.dumps(options)}",),
+                        checkpoint_base="s3://chaos/runs")
     assert (report["sink"], report["storage"]) == ("delta", "s3")
     _assert_every_fault_every_seed_exactly_once(report, FIRST_SEED, seeds)
 
@@ -151,7 +221,8 @@ def _produce(bootstrap: str, count: int) -> None:
         admin.create_topics([NewTopic(topic, parts, 1)])[topic].result(30)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for i in range(count):
-        producer.produce("events", json.dumps({"user": f"u{i % 97}", "amount": i % 13}).encode(), partition=i % 3)
+        producer.produce("events", json.dumps({"user": f"u{i % USERS}", "amount": i % AMOUNTS}).encode(),
+                         partition=i % PARTITIONS)
         if i % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(60) == 0
@@ -171,15 +242,14 @@ def test_chaos_storm_on_kafka_source_and_sink_loses_and_duplicates_nothing_and_l
         tmp_path: Path, broker) -> None:
     seeds = _seeds(2)
     first = FIRST_SEED + (0 if SEEDS else 3)  # CI: seeds 4 and 5 here, 1-3 on Delta
-    _produce(broker.bootstrap_servers, 30_000 + 40_000 * seeds)
+    count = KAFKA_EVENTS_PER_SEED * (seeds + 1)
+    _produce(broker.bootstrap_servers, count)
     pipeline = tmp_path / "kafka_pipeline.py"
     pipeline.write_text(KAFKA_PIPELINE.format(bootstrap=broker.bootstrap_servers))
-    report = _storm(tmp_path, pipeline, _out(tmp_path, "kafka"), first, seeds)
+    report = _storm(tmp_path, pipeline, _out(tmp_path, "kafka"), first, seeds, kafka_oracle(count))
     assert report["sink"] == "kafka"
     _assert_every_fault_every_seed_exactly_once(report, first, seeds)
     # The runs had consumer groups and topics of their own: production's group committed
     # nothing, and production's output topic got no record.
-    from sparkpoint.ops.chaos import kafka_rows
-
     assert all(offset < 0 for offset in _group_offsets(broker.bootstrap_servers, "production"))
     assert not kafka_rows(broker.bootstrap_servers, "totals")
