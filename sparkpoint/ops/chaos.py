@@ -875,6 +875,7 @@ class Chaos:
         triggered (a seeded moment up to 0.4 s later). What was done, or None if the run
         ended or no worker was there to kill."""
         start = len(run.lines)
+        failovers_before = run.count(re.compile(r"job status RUNNING -> FAILING"))
         thread, answer = self._savepoint_request(rundir)
         trigger = None
         deadline = time.monotonic() + self.timeout
@@ -887,20 +888,32 @@ class Chaos:
             thread.join(5)
             return None
         time.sleep(self.rng.uniform(0.0, 0.4))
-        completed_first = re.search(rf"savepoint {trigger.group(1)} of job .* completed", "\n".join(run.lines[start:]))
-        workers = python_workers(run.popen.pid)
-        for pid in workers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        savepoint_done = re.compile(rf"savepoint {trigger.group(1)} of job .* completed")
+        completed_first = savepoint_done.search("\n".join(run.lines[start:]))
+        # Idle workers (Spark keeps them for reuse) die without a trace: keep killing
+        # until the savepoint is answered or the job fails over, so a busy one is hit.
+        killed: set[int] = set()
+        failover = re.compile(r"job status RUNNING -> FAILING")
+        until = time.monotonic() + 60
+        while run.alive() and time.monotonic() < until:
+            for pid in python_workers(run.popen.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+            if answer or not thread.is_alive() or run.count(failover) > failovers_before:
+                break
+            time.sleep(0.2)
         thread.join(self.timeout)
-        if not workers:
+        if not killed:
             return None
+        failed_over = run.count(failover) > failovers_before
         outcome = ("savepoint completed" if answer.get("location") else
                    f"savepoint failed ({answer.get('error', 'no answer')[:80]})")
         when = "after it completed" if completed_first else "while it was taken"
-        return f"{len(workers)} Python worker(s) SIGKILLed {when} (savepoint {trigger.group(1)}); {outcome}"
+        return (f"{len(killed)} Python worker(s) SIGKILLed {when} (savepoint {trigger.group(1)}); {outcome}"
+                + ("; the job failed over" if failed_over else ""))
 
     def _executor_kill(self, rundir: Path, verdict: Verdict) -> None:
         run = self.launch(rundir, "run")
@@ -976,13 +989,23 @@ class Chaos:
                 rules += self.restore_outage_rules()
             run = self.launch(rundir, f"segment-{i}", [*extra_base, f"sparkpoint.faults={json.dumps(rules)}"])
             runs.append(run)
-            if i > 0 and "restore-outage" in self.faults:
-                prev = verdicts_by(verdicts, "restore-outage", self.seeds[i - 1])
+            if i > 0:
                 started = run.wait_for(re.compile(r" RUNNING epoch |job \S+ (FINISHED|FAILED)"), self.timeout)
-                prev.injected = (f"storage reads fail for {RESTORE_OUTAGE_S:g} s during restore "
-                                 f"({run.count(re.compile('injected fault: read of '))} failed reads)")
-                if started is None or "FAILED" in started.group(0):
-                    prev.fail(f"segment {i} did not get past its restore: see {run.log}")
+                past_restore = started is not None and "FAILED" not in started.group(0)
+                if "restore-outage" in self.faults:
+                    prev = verdicts_by(verdicts, "restore-outage", self.seeds[i - 1])
+                    prev.injected = (f"storage reads fail for {RESTORE_OUTAGE_S:g} s during restore "
+                                     f"({run.count(re.compile('injected fault: read of '))} failed reads)")
+                    if not past_restore:
+                        prev.fail(f"segment {i} did not get past its restore: see {run.log}")
+                if "corrupt" in self.faults:
+                    prev = verdicts_by(verdicts, "corrupt", self.seeds[i - 1])
+                    damaged = re.search(r"of chk-(\d+) damaged", prev.injected)
+                    if damaged and past_restore and not re.search(
+                            rf"(skipping chk-{damaged.group(1)}:|ALARM checkpoint {damaged.group(1)} of job .* "
+                            rf"is corrupt)", run.text):
+                        prev.fail(f"segment {i} did not report chk-{damaged.group(1)} as corrupt and fall back "
+                                  f"to an older checkpoint; see {run.log}")
             if seed is None:
                 break
             self.echo(f"chaos: storm segment {i} (seed {seed})")
@@ -996,6 +1019,7 @@ class Chaos:
         rc = self.finish(last, None, "the last segment")
         final = Verdict("storm", self.seeds[-1], directory=str(rundir), passed=True)
         self.judge(final, rundir, last, rc, runs)
+        final.restarts += len(runs) - 1  # the segments started again after a kill
         for v in verdicts:
             v.lost, v.duplicated, v.unexpected, v.committed = final.lost, final.duplicated, final.unexpected, final.committed
             v.restarts = final.restarts

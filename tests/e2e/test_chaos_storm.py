@@ -51,7 +51,8 @@ DELTA_PIPELINE = """\
 from sparkpoint import DeltaSink, GeneratorSource, Pipeline, TumblingWindow
 pipeline = (
     Pipeline("chaos-delta")
-    .source(GeneratorSource("events", keys=50, total_events={total}, rate_per_s={rate}, splits=2,
+    .source(GeneratorSource("events", keys=50, total_events={total}, rate_per_s={rate},
+                            max_records_per_epoch=1_000, splits=2,
                             disorder_ms=0, event_time_per_s=2_000))
     .watermark("ts", delay="2 s")
     .stateful(TumblingWindow("windows", ["key"], "ts", size="2 s", aggs=("count", "sum"), value_column="value",
