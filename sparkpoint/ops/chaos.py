@@ -1027,6 +1027,13 @@ class Chaos:
                 v.fail("the job's committed output differs or it did not finish: " + "; ".join(final.notes))
         return verdicts
 
+    @staticmethod
+    def _completed_quietly(fs, layout) -> dict[int, Any]:
+        try:
+            return _completed(fs, layout)
+        except Exception:  # noqa: BLE001 - a checkpoint subsumed while we read it: look again
+            return {}
+
     def _storm_segment(self, run: Run, rundir: Path, fs, layout, mine: dict[str, Verdict],
                        rng: random.Random) -> bool:
         """The in-run faults of one segment, then the kill that ends it. False if the job
@@ -1079,6 +1086,12 @@ class Chaos:
             for f in kill:
                 not_exercised(f, "the job finished before the segment's kill")
             return False
+        if "corrupt" in mine:
+            # Falling back needs an older checkpoint: wait for two (a failover above may
+            # have left only one since the restore).
+            deadline = time.monotonic() + self.timeout
+            while run.alive() and time.monotonic() < deadline and len(self._completed_quietly(fs, layout)) < 2:
+                time.sleep(0.3)
         run.wait(rng.uniform(0.0, 0.3) * self.span)
         if not run.alive():
             for f in kill:

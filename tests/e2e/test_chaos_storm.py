@@ -46,7 +46,7 @@ parallelism.default: 2
 # whatever the epoch boundaries, so the input may be paced by wall time (rate_per_s):
 # the job lasts about as long on a fast machine as on a slow one.
 KEYS, EVENT_TIME_PER_S, WINDOW_MS, START_TS = 50, 2_000, 2_000, 1_700_000_000_000
-RATE_PER_S, EVENTS_PER_SEED = 400, 24_000
+RATE_PER_S, EVENTS_PER_SEED = 400, 16_000  # 40 s of input per segment
 DELTA_PIPELINE = """\
 from sparkpoint import DeltaSink, GeneratorSource, Pipeline, TumblingWindow
 pipeline = (
@@ -65,7 +65,7 @@ pipeline = (
 # function of the restored offsets and even update-mode totals are known in advance. The
 # driver waits a little each epoch so the job does not outrun the faults on a fast machine.
 USERS, AMOUNTS, PARTITIONS, PER_PARTITION = 97, 13, 3, 200
-KAFKA_EVENTS_PER_SEED = 18_000
+KAFKA_EVENTS_PER_SEED = 20_000  # about 33 epochs of at least 1 s per segment
 KAFKA_PIPELINE = """\
 import json
 import time
@@ -76,7 +76,7 @@ from sparkpoint.connectors.kafka_sink import KafkaSink
 from sparkpoint.connectors.kafka_source import KafkaSource
 
 def parse(df):
-    time.sleep(0.4)
+    time.sleep(1.0)
     return decode_json(df, "user string, amount bigint").selectExpr("data.user AS user", "data.amount AS amount")
 
 def to_records(t):
@@ -194,7 +194,7 @@ def test_chaos_storm_on_a_delta_sink_with_checkpoints_on_s3_loses_and_duplicates
     from tests.e2e.delta_job import s3_server_process
 
     seeds = _seeds(3)
-    total = EVENTS_PER_SEED * (seeds + 1)  # paced: about a minute of input per segment
+    total = EVENTS_PER_SEED * seeds + EVENTS_PER_SEED // 2  # paced by wall time: RATE_PER_S
     pipeline = tmp_path / "delta_pipeline.py"
     pipeline.write_text(DELTA_PIPELINE.format(total=total, rate=RATE_PER_S))
     with s3_server_process("chaos") as options:
@@ -243,7 +243,7 @@ def test_chaos_storm_on_kafka_source_and_sink_loses_and_duplicates_nothing_and_l
         tmp_path: Path, broker) -> None:
     seeds = _seeds(2)
     first = FIRST_SEED + (0 if SEEDS else 3)  # CI: seeds 4 and 5 here, 1-3 on Delta
-    count = KAFKA_EVENTS_PER_SEED * (seeds + 1)
+    count = KAFKA_EVENTS_PER_SEED * seeds + KAFKA_EVENTS_PER_SEED // 2
     _produce(broker.bootstrap_servers, count)
     pipeline = tmp_path / "kafka_pipeline.py"
     pipeline.write_text(KAFKA_PIPELINE.format(bootstrap=broker.bootstrap_servers))
