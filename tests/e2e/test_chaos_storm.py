@@ -190,6 +190,13 @@ def kafka_oracle(count: int) -> Counter:
     return out
 
 
+def _timeout(default_seeds: int) -> int:
+    """pytest's per-test limit for a storm: a Spark start and about a minute per seed."""
+    return max(900, 300 + 300 * _seeds(default_seeds))
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(_timeout(3))
 def test_chaos_storm_on_a_delta_sink_with_checkpoints_on_s3_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     from tests.e2e.delta_job import s3_server_process
 
@@ -239,6 +246,8 @@ def _group_offsets(bootstrap: str, group: str) -> list[int]:
         consumer.close()
 
 
+@pytest.mark.kafka
+@pytest.mark.timeout(_timeout(2))
 def test_chaos_storm_on_kafka_source_and_sink_loses_and_duplicates_nothing_and_leaves_production_alone(
         tmp_path: Path, broker) -> None:
     seeds = _seeds(2)
