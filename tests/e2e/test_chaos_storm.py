@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import sys
 import time
 from collections import Counter
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.ops.chaos import Chaos, kafka_rows
+from tests.e2e.chaos_oracles import window_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
@@ -134,34 +134,12 @@ def _assert_every_fault_every_seed_exactly_once(report: dict, first_seed: int, s
 
 # -- the oracles ------------------------------------------------------------------------
 
-def _spark_xxhash64(seed: int, n: int) -> int:
-    """Spark SQL's `xxhash64(seed, n)` for an INT literal and a BIGINT (Spark folds the
-    columns into XXH64 one after another, starting from seed 42), as a signed long."""
-    import xxhash
-
-    h = xxhash.xxh64_intdigest(struct.pack("<i", seed), seed=42)
-    h = xxhash.xxh64_intdigest(struct.pack("<q", n), seed=h)
-    return h - (1 << 64) if h >= 1 << 63 else h
-
-
-def windows_oracle(total: int, splits: int = 2, generator_seed: int = 7) -> Counter:
-    """Every (key, window_start, window_end, count, sum) of DELTA_PIPELINE's input: the
-    GeneratorSource's events (record n of split s is event g = n * splits + s) grouped
-    into 2 s windows of event time."""
-    windows: dict[tuple[int, int], tuple[int, int]] = {}
-    base, extra = divmod(total, splits)
-    for s in range(splits):
-        for n in range(base + (1 if s < extra else 0)):
-            g = n * splits + s
-            key = _spark_xxhash64(generator_seed, g) % KEYS
-            value = _spark_xxhash64(generator_seed + 2, g) % 1000
-            ts = int(START_TS + (g * 1000) / EVENT_TIME_PER_S)
-            start = ts - ts % WINDOW_MS
-            count, total_value = windows.get((key, start), (0, 0))
-            windows[(key, start)] = (count + 1, total_value + value)
-    # Chaos compares rows as tuples of the columns in sorted order.
-    return Counter((count, key, total_value, start + WINDOW_MS, start)
-                   for (key, start), (count, total_value) in windows.items())
+def windows_oracle(total: int) -> Counter:
+    """Every row DELTA_PIPELINE commits: its generator's windows (tests/e2e/chaos_oracles.py),
+    as chaos compares rows (a tuple of the columns in sorted order, `epoch` left out)."""
+    return Counter(tuple(row[c] for c in sorted(row)) for row in window_rows(
+        total, keys=KEYS, event_time_per_s=EVENT_TIME_PER_S, disorder_ms=0, start_ts_ms=START_TS,
+        window_ms=WINDOW_MS))
 
 
 def kafka_oracle(count: int) -> Counter:
