@@ -23,9 +23,9 @@ and transactional ids are the run's own. The faults (docs/chaos.md):
                   must be refused with one clear error, and the first must be unaffected
   executor-kill   a savepoint is triggered and a Spark Python worker is SIGKILLed while it is
                   being taken; the job recovers by itself
-  restore-outage  SIGKILL, then the rerun's checkpoint storage fails every read of checkpoint
-                  metadata and state for 3 s from the first one (during restore); the job rides
-                  it out and finishes
+  restore-outage  SIGKILL, then the rerun's checkpoint storage fails every read of a state
+                  file for 3 s from the first one (during restore); the job rides it out and
+                  finishes
 
 `--storm` runs one job for all seeds, injecting every chosen fault
 once per seed into the same job (see Chaos._storm): many faults for few Spark starts.
@@ -42,6 +42,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -928,12 +929,13 @@ class Chaos:
 
     # ---- restore-outage: SIGKILL, then storage fails for 3 s while the rerun restores
     @staticmethod
-    def restore_outage_rules() -> list[dict[str, Any]]:
-        """Reads of checkpoint metadata and of state files fail for RESTORE_OUTAGE_S from
-        the first one: on the driver that is the restore's `_metadata`, on an executor its
-        first state download."""
-        return [{"op": op, "path": path, "action": "fail", "duration": RESTORE_OUTAGE_S}
-                for op in ("read",) for path in ("*/chk-*/_metadata", "*/shared/**")]
+    def restore_outage_rules(window_file: Path) -> list[dict[str, Any]]:
+        """Every read of a state file fails for RESTORE_OUTAGE_S from the first one, in
+        every process of the run (`window_file` holds the start): state files are read
+        only when a subtask restores or rebuilds its state, so the outage meets the
+        restore, however long Spark takes to start."""
+        return [{"op": "read", "path": "*/shared/**", "action": "fail", "duration": RESTORE_OUTAGE_S,
+                 "window_file": str(window_file)}]
 
     def _restore_outage(self, rundir: Path, verdict: Verdict) -> None:
         first = self.launch(rundir, "run")
@@ -948,11 +950,14 @@ class Chaos:
             self.judge(verdict, rundir, first, rc, [first])
             verdict.fail("the run finished before its kill: no restore to disturb (not exercised)")
             return
-        rules = self.restore_outage_rules()
+        # The rerun comes up as on a new host, without the local state: it restores from
+        # checkpoint storage, where the outage is.
+        shutil.rmtree(rundir / "state", ignore_errors=True)
+        rules = self.restore_outage_rules(rundir / "restore-outage.window")
         rerun = self.launch(rundir, "rerun", [f"sparkpoint.faults={json.dumps(rules)}"])
         rc = self.finish(rerun, verdict, "the rerun")
         fired = rerun.count(re.compile(r"injected fault: read of "))
-        verdict.injected = f"SIGKILL, then storage reads fail for {RESTORE_OUTAGE_S:g} s during restore"
+        verdict.injected = f"SIGKILL, then state reads fail for {RESTORE_OUTAGE_S:g} s during restore ({fired} failed)"
         self.judge(verdict, rundir, rerun, rc, [first, rerun])
         verdict.restarts += 1
         if not fired:
@@ -986,7 +991,7 @@ class Chaos:
                           for op in ("mkdir", "create_exclusive", "write", "upload")]
                 mine["outage"].injected = f"storage fails for checkpoints {ids[0]}-{ids[-1]}"
             if "restore-outage" in self.faults and i > 0:
-                rules += self.restore_outage_rules()
+                rules += self.restore_outage_rules(rundir / f"restore-outage-{i}.window")
             run = self.launch(rundir, f"segment-{i}", [*extra_base, f"sparkpoint.faults={json.dumps(rules)}"])
             runs.append(run)
             if i > 0:
@@ -994,7 +999,7 @@ class Chaos:
                 past_restore = started is not None and "FAILED" not in started.group(0)
                 if "restore-outage" in self.faults:
                     prev = verdicts_by(verdicts, "restore-outage", self.seeds[i - 1])
-                    prev.injected = (f"storage reads fail for {RESTORE_OUTAGE_S:g} s during restore "
+                    prev.injected = (f"state reads fail for {RESTORE_OUTAGE_S:g} s during restore "
                                      f"({run.count(re.compile('injected fault: read of '))} failed reads)")
                     if not past_restore:
                         prev.fail(f"segment {i} did not get past its restore: see {run.log}")
@@ -1112,6 +1117,8 @@ class Chaos:
                 damaged = None
                 mine["corrupt"].notes.append(f"could not damage a checkpoint: {type(e).__name__}: {e}")
         run.kill9()
+        if "restore-outage" in mine:
+            shutil.rmtree(rundir / "state", ignore_errors=True)  # the next segment restores from storage
         if "kill9" in mine:
             mine["kill9"].injected = "SIGKILL"
         if "corrupt" in mine:

@@ -43,3 +43,29 @@ def test_duration_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="duration=0 must be a positive number of seconds"):
         parse_fault_rules([{"op": "read", "action": "fail", "duration": 0}])
     assert parse_fault_rules([{"op": "read", "action": "fail", "duration": "2.5"}])[0].duration == 2.5
+
+
+def test_with_a_window_file_every_process_sees_one_outage_from_the_first_firing_anywhere(
+        storage: FsCheckpointStorage, tmp_path) -> None:
+    """Spark's Python workers come and go (a failover may restore on fresh ones): with
+    per-process windows each new worker would start the outage again, and it would
+    never end for the job. Two FaultyStorageFS stand for two processes."""
+    layout = storage.layout
+    storage.fs.makedirs(layout.join("shared"))
+    storage.fs.write_atomic(layout.join("shared/state.log"), b"state")
+    wall = Clock()
+    rule = {"op": "read", "path": "*/shared/**", "action": "fail", "duration": 3,
+            "window_file": str(tmp_path / "outage")}
+    first = FaultyStorageFS(storage.fs, [dict(rule)], wall_clock=wall)
+    with pytest.raises(StorageError):
+        first.read_bytes(layout.join("shared/state.log"))
+    wall.now += 2
+    later = FaultyStorageFS(storage.fs, [dict(rule)], wall_clock=wall)  # a worker started during the outage
+    with pytest.raises(StorageError):
+        later.read_bytes(layout.join("shared/state.log"))
+    wall.now += 1.5
+    fresh = FaultyStorageFS(storage.fs, [dict(rule)], wall_clock=wall)  # one started after it
+    assert fresh.read_bytes(layout.join("shared/state.log")) == b"state"
+    assert later.read_bytes(layout.join("shared/state.log")) == b"state"
+    with pytest.raises(ConfigError, match="window_file needs a duration"):
+        parse_fault_rules([{"op": "read", "action": "fail", "window_file": str(tmp_path / "x")}])
