@@ -999,10 +999,14 @@ class Chaos:
                 past_restore = started is not None and "FAILED" not in started.group(0)
                 if "restore-outage" in self.faults:
                     prev = verdicts_by(verdicts, "restore-outage", self.seeds[i - 1])
-                    prev.injected = (f"state reads fail for {RESTORE_OUTAGE_S:g} s during restore "
-                                     f"({run.count(re.compile('injected fault: read of '))} failed reads)")
+                    failed_reads = run.count(re.compile("injected fault: read of "))
+                    if prev.injected:  # the segment's kill landed
+                        prev.injected = (f"SIGKILL, then state reads fail for {RESTORE_OUTAGE_S:g} s during "
+                                         f"restore ({failed_reads} failed reads)")
                     if not past_restore:
                         prev.fail(f"segment {i} did not get past its restore: see {run.log}")
+                    elif prev.injected and not failed_reads:
+                        prev.fail("no state read failed: the outage did not meet the restore (not exercised)")
                 if "corrupt" in self.faults:
                     prev = verdicts_by(verdicts, "corrupt", self.seeds[i - 1])
                     damaged = re.search(r"of chk-(\d+) damaged", prev.injected)
@@ -1119,6 +1123,8 @@ class Chaos:
         run.kill9()
         if "restore-outage" in mine:
             shutil.rmtree(rundir / "state", ignore_errors=True)  # the next segment restores from storage
+        if "restore-outage" in mine:
+            mine["restore-outage"].injected = "SIGKILL"
         if "kill9" in mine:
             mine["kill9"].injected = "SIGKILL"
         if "corrupt" in mine:
