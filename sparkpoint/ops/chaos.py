@@ -1000,12 +1000,13 @@ class Chaos:
                 if "restore-outage" in self.faults:
                     prev = verdicts_by(verdicts, "restore-outage", self.seeds[i - 1])
                     failed_reads = run.count(re.compile("injected fault: read of "))
-                    if prev.injected:  # the segment's kill landed
+                    landed = prev.injected == "SIGKILL"  # the segment's kill landed
+                    if landed:
                         prev.injected = (f"SIGKILL, then state reads fail for {RESTORE_OUTAGE_S:g} s during "
                                          f"restore ({failed_reads} failed reads)")
                     if not past_restore:
                         prev.fail(f"segment {i} did not get past its restore: see {run.log}")
-                    elif prev.injected and not failed_reads:
+                    elif landed and not failed_reads:
                         prev.fail("no state read failed: the outage did not meet the restore (not exercised)")
                 if "corrupt" in self.faults:
                     prev = verdicts_by(verdicts, "corrupt", self.seeds[i - 1])
