@@ -1066,7 +1066,13 @@ class Chaos:
                 time.sleep(0.2)
             failed = run.count(re.compile(rf"checkpoint ({'|'.join(map(str, range(ids[0], ids[-1] + 1)))}) of job "
                                           rf"\S+ (failed|is declined|expired)|injected fault"))
-            if run.count(RESTARTING):
+            # Restarts while the outage lasted: from its first checkpoint's trigger to the
+            # next completed one (a restart before, while restoring, is another fault's).
+            lines = list(run.lines)
+            began = next((n for n, line in enumerate(lines) if f"triggering checkpoint {ids[0]} " in line), None)
+            ended = next((n for n, line in enumerate(lines) if began is not None and n > began
+                          and (m := after.search(line)) and int(m.group(1)) > ids[-1]), len(lines))
+            if began is not None and any(RESTARTING.search(line) for line in lines[began:ended]):
                 mine["outage"].fail("the job restarted during the checkpoint-storage outage")
             if not run.alive():
                 not_exercised("outage", "the job finished before the outage's checkpoints")
