@@ -1066,10 +1066,11 @@ class Chaos:
                 time.sleep(0.2)
             failed = run.count(re.compile(rf"checkpoint ({'|'.join(map(str, range(ids[0], ids[-1] + 1)))}) of job "
                                           rf"\S+ (failed|is declined|expired)|injected fault"))
-            # Restarts while the outage lasted: from its first checkpoint's trigger to the
+            # Restarts while the outage lasted: from its first checkpoint's first line to the
             # next completed one (a restart before, while restoring, is another fault's).
             lines = list(run.lines)
-            began = next((n for n, line in enumerate(lines) if f"triggering checkpoint {ids[0]} " in line), None)
+            first = re.compile(rf"checkpoint {ids[0]}\b")
+            began = next((n for n, line in enumerate(lines) if first.search(line)), None)
             ended = next((n for n, line in enumerate(lines) if began is not None and n > began
                           and (m := after.search(line)) and int(m.group(1)) > ids[-1]), len(lines))
             if began is not None and any(RESTARTING.search(line) for line in lines[began:ended]):
