@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON311 ?= $(shell command -v python3.11 || command -v python3)
 
-.PHONY: demo test bootstrap check-java kafka-jars bench clean-demo docs
+.PHONY: demo test bootstrap check-java kafka-jars bench clean-demo docs chaos
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required (Spark runs on the JVM). Install a JDK 17, e.g. 'apt-get install openjdk-17-jdk-headless', or put it on PATH." >&2; exit 1; }
@@ -35,6 +35,18 @@ demo: bootstrap
 
 test: bootstrap kafka-jars chromium
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+
+# `sparkpoint chaos --storm` over 20 seeds (SEEDS=N to change) on a Delta sink with checkpoints
+# on an S3 API and on Kafka source and sink: every fault kind once per seed. The reports (runs,
+# faults, rows lost and duplicated; expected 0) are printed at the end and kept in CHAOS_OUT.
+SEEDS ?= 20
+CHAOS_OUT ?= chaos-out
+chaos: bootstrap kafka-jars
+	rm -rf $(CHAOS_OUT) && mkdir -p $(CHAOS_OUT)
+	SPARKPOINT_CHAOS_SEEDS=$(SEEDS) SPARKPOINT_CHAOS_OUT=$(abspath $(CHAOS_OUT)) \
+		$(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_chaos_storm.py; rc=$$?; \
+		cat $(CHAOS_OUT)/*/chaos-report.md > $(CHAOS_OUT)/chaos-report.md 2>/dev/null; \
+		cat $(CHAOS_OUT)/chaos-report.md; exit $$rc
 
 # The docs site with the API reference from the docstrings, into site/.
 docs: bootstrap

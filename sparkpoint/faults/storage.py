@@ -14,6 +14,11 @@ A rule says *which* storage operations misbehave and *how*:
   (or "slow(2.5)"), or "truncate": the operation *succeeds* with the first half of the
   bytes (a torn write / short read), which verification must catch.
 - times: how often the rule fires before it retires; omitted/null = unlimited.
+- duration: seconds; the rule fires from its first match until `duration` seconds
+  later, then retires: an outage of that length (e.g. during a restore), however many
+  calls fall into it. Counted from the first match in each process that applies it, or,
+  with `window_file` (a local path), from the first match in any process on this machine
+  (the driver and Spark's Python workers): the first one writes the start into the file.
 
 Rules are checked in insertion order; the first match fires. They can be added and
 removed while the job runs (thread-safe). In the `sparkpoint.faults` config list,
@@ -86,7 +91,8 @@ class FaultAction:
 
 
 _ids = itertools.count(1)
-_RULE_KEYS = {"op", "path", "path_regex", "checkpoints", "action", "seconds", "times", "name"}
+_RULE_KEYS = {"op", "path", "path_regex", "checkpoints", "action", "seconds", "times", "duration", "window_file",
+              "name"}
 
 
 @dataclass
@@ -98,15 +104,40 @@ class FaultRule:
     checkpoints: frozenset[int] | None = None
     times: int | None = None  # remaining firings; None = unlimited
     name: str = field(default_factory=lambda: f"rule-{next(_ids)}")
+    duration: float | None = None  # seconds from the first firing; then the rule retires
+    began: float | None = None  # clock reading of the first firing (with `duration`)
+    window_file: str | None = None  # with `duration`: the first firing's wall-clock time, for every process
+
+    def window_began(self) -> float | None:
+        """Wall-clock start of the outage as the first firing process recorded it."""
+        try:
+            with open(self.window_file) as f:
+                text = f.read().strip()
+            return float(text) if text else None
+        except (OSError, ValueError):
+            return None
+
+    def start_window(self, now: float) -> None:
+        """Record `now` as the outage's start unless another process did first."""
+        try:
+            fd = os.open(self.window_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return
+        with os.fdopen(fd, "w") as f:
+            f.write(repr(now))
 
     def __post_init__(self) -> None:
         if self.path is not None and self.path.startswith("re:"):
             self.path_regex, self.path = self.path[3:], None
         self._regex = re.compile(self.path_regex) if self.path_regex is not None else None
 
-    def matches(self, op: FaultOp, path: str, relative_path: str) -> bool:
+    def matches(self, op: FaultOp, path: str, relative_path: str, now: float | None = None) -> bool:
         if self.times is not None and self.times <= 0:
             return False
+        if self.duration is not None and now is not None:
+            began = self.window_began() if self.window_file else self.began
+            if began is not None and now - began >= self.duration:
+                return False
         if self.op is not FaultOp.ANY and self.op is not op:
             return False
         if self.path is not None and not (fnmatch.fnmatchcase(path, self.path)
@@ -140,6 +171,15 @@ class FaultRule:
         elif not isinstance(times, int) or times < 1:
             raise ConfigError(f"fault rule times={times!r} must be a positive integer or 'unlimited'")
         kwargs: dict[str, Any] = {}
+        if config.get("duration") is not None:
+            duration = float(config["duration"])
+            if duration <= 0:
+                raise ConfigError(f"fault rule duration={config['duration']!r} must be a positive number of seconds")
+            kwargs["duration"] = duration
+        if config.get("window_file") is not None:
+            if config.get("duration") is None:
+                raise ConfigError("fault rule window_file needs a duration (the outage's length in seconds)")
+            kwargs["window_file"] = str(config["window_file"])
         if "name" in config:
             kwargs["name"] = str(config["name"])
         return cls(op=op, action=FaultAction.parse(config["action"], config.get("seconds")),
@@ -180,10 +220,13 @@ class FaultyStorageFS(StorageFS):
     """A StorageFS that misbehaves according to its rules; otherwise delegates to `inner`."""
 
     def __init__(self, inner: StorageFS, rules: Iterable[FaultRule | Mapping[str, Any]] = (),
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time):
         super().__init__(inner.fs, inner.root)
         self.inner = inner
         self._sleep = sleep
+        self._clock = clock
+        self._wall_clock = wall_clock
         self._lock = threading.Lock()
         self._rules: list[FaultRule] = []
         self.fired: list[FiredFault] = []
@@ -222,11 +265,17 @@ class FaultyStorageFS(StorageFS):
         truncate action for the caller to apply."""
         relative = path[len(self.root) + 1:] if path.startswith(self.root + "/") else path
         with self._lock:
-            rule = next((r for r in self._rules if r.matches(op, path, relative)), None)
+            now, wall = self._clock(), self._wall_clock()
+            rule = next((r for r in self._rules
+                         if r.matches(op, path, relative, wall if r.window_file else now)), None)
             if rule is None:
                 return None
             if rule.times is not None:
                 rule.times -= 1
+            if rule.window_file:
+                rule.start_window(wall)
+            elif rule.duration is not None and rule.began is None:
+                rule.began = now
             self.fired.append(FiredFault(rule.name, op, path, rule.action))
         if rule.action.kind is FaultKind.FAIL:
             raise StorageError(f"injected fault: {op.value} of {path} failed (rule {rule.name})")

@@ -17,12 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.ops.chaos import compare
+from sparkpoint.ops.chaos import Chaos, compare
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-SHORT = ["--set", "execution.checkpointing.interval=1s", "--kills", "2", "--parallel", "2"]
+# The storms of test_chaos_storm.py cover executor-kill and restore-outage; the demo keeps
+# the four faults it always had, at the same cost.
+SHORT = ["--set", "execution.checkpointing.interval=1s", "--kills", "2", "--parallel", "2",
+         "--faults", "kill9,outage,corrupt,second"]
 
 
 def _chaos(tmp_path: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -68,3 +71,51 @@ def test_compare_counts_lost_duplicated_and_unexpected_rows_as_multisets() -> No
     assert compare(expected, Counter(expected))["lost"] == 0
     got = Counter({(1, "a"): 2, (2, "b"): 1, (9, "z"): 1})  # one twice, one of two missing, one gone, one new
     assert compare(expected, got) == {"expected": 4, "committed": 4, "lost": 2, "duplicated": 1, "unexpected": 1}
+
+
+def test_chaos_runs_use_their_own_consumer_group_dead_letter_dir_output_topic_and_transactional_ids(
+        tmp_path: Path) -> None:
+    """A run must not share anything with production: not the consumer group of a
+    KafkaSource (a run would commit its offsets into production's group), not a
+    FileSource's dead-letter directory, not a KafkaSink's topic or transactional ids
+    (a run would write into production's topic and fence its producer)."""
+    from sparkpoint.connectors.files import FileSource
+    from sparkpoint.connectors.kafka_sink import KafkaSink
+    from sparkpoint.connectors.kafka_source import KafkaSource
+    from sparkpoint.ops.chaos import Output
+    from sparkpoint.ops.cli import _load_pipeline
+
+    kafka = tmp_path / "kafka_pipeline.py"
+    kafka.write_text(
+        "from sparkpoint import Pipeline\n"
+        "from sparkpoint.connectors.kafka_sink import KafkaSink\n"
+        "from sparkpoint.connectors.kafka_source import KafkaSource\n"
+        "pipeline = Pipeline('orders').source(KafkaSource('127.0.0.1:1', 'orders', group_id='production', "
+        "bounded=True)).sink(KafkaSink('127.0.0.1:1', 'totals'))\n")
+    files = tmp_path / "files_pipeline.py"
+    files.write_text(
+        "from sparkpoint import FileSource, ParquetSink, Pipeline\n"
+        f"pipeline = Pipeline('files').source(FileSource({str(tmp_path / 'in')!r}, schema='a string', "
+        f"mode='PERMISSIVE', dead_letter={str(tmp_path / 'production-dead-letters')!r}))"
+        ".sink(ParquetSink('out'))\n")
+    seen = {}
+    for name, path in (("kafka", kafka), ("files", files)):
+        chaos = Chaos(str(path), None, (), ["kill9"], 1, tmp_path / f"work-{name}", 60, None)
+        chaos.output = Output("parquet", "out")
+        for run in ("reference", "kill9"):
+            rundir = tmp_path / f"work-{name}" / run
+            # What `sparkpoint run` loads in that run.
+            seen[name, run] = _load_pipeline(str(chaos.run_pipeline(rundir)))
+    production = _load_pipeline(str(kafka))
+    groups = {seen["kafka", run].source_.group_id for run in ("reference", "kill9")}
+    topics = {seen["kafka", run].sink_.topic for run in ("reference", "kill9")}
+    txn_ids = {seen["kafka", run].sink_.transactional_id_prefix for run in ("reference", "kill9")}
+    assert isinstance(production.source_, KafkaSource) and isinstance(production.sink_, KafkaSink)
+    assert len(groups) == len(topics) == len(txn_ids) == 2
+    assert production.source_.group_id not in groups and all(g.startswith("production.chaos-") for g in groups)
+    assert production.sink_.topic not in topics and all(t.startswith("totals.chaos-") for t in topics)
+    assert production.sink_.transactional_id_prefix not in txn_ids
+    for run in ("reference", "kill9"):
+        source = seen["files", run].source_
+        assert isinstance(source, FileSource)
+        assert source.dead_letter == str(tmp_path / "work-files" / run / "dead-letter" / source.name)

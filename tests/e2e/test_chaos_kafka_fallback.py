@@ -1,0 +1,42 @@
+"""Found by `sparkpoint chaos --storm` on Kafka source and sink (seed 1, fault corrupt):
+the newest checkpoint is damaged after the Kafka sink published it, the restart falls
+back to an older checkpoint, and the records of the epochs in between are published a
+second time (the sink logs "the records in between are published again"): 291 rows
+duplicated (3 epochs x 97 users), 0 lost. Parquet and Delta withdraw output committed
+after the checkpoint they fall back to; a Kafka transaction cannot be withdrawn, but the
+epochs replayed from the restored offsets are the same epochs with the same output, so
+what was published must not be published again.
+
+FAILS on the current code (the fix belongs in connectors/kafka_sink.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_chaos_storm import (
+    KAFKA_EVENTS_PER_SEED,
+    KAFKA_PIPELINE,
+    _out,
+    _produce,
+    _storm,
+    broker,  # noqa: F401 - the module's broker fixture
+    kafka_oracle,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.kafka]
+
+
+def test_kafka_output_is_not_published_twice_when_restore_falls_back_past_a_corrupt_checkpoint(
+        tmp_path: Path, broker) -> None:  # noqa: F811
+    count = KAFKA_EVENTS_PER_SEED + KAFKA_EVENTS_PER_SEED // 2
+    _produce(broker.bootstrap_servers, count)
+    pipeline = tmp_path / "kafka_pipeline.py"
+    pipeline.write_text(KAFKA_PIPELINE.format(bootstrap=broker.bootstrap_servers))
+    report = _storm(tmp_path, pipeline, _out(tmp_path, "kafka-fallback"), 1, 1, kafka_oracle(count),
+                    faults="corrupt")
+    (verdict,) = report["faults"]
+    assert verdict["injected"].startswith("SIGKILL, "), verdict  # a checkpoint was damaged
+    assert (verdict["lost"], verdict["duplicated"], verdict["unexpected"]) == (0, 0, 0), verdict

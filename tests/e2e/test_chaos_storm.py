@@ -1,0 +1,248 @@
+"""`sparkpoint chaos --storm` beyond Parquet on local disk: every fault kind (kill9,
+outage, corrupt, second, executor-kill, restore-outage) over several seeds, on a Delta
+sink with checkpoints on an S3 API, and on Kafka source and sink (a real broker). One job
+per setting takes every fault once per seed (a Spark start per seed, not per fault), and
+its committed output must equal an oracle's: 0 rows lost, 0 duplicated.
+
+The oracles are batch computations of what the pipeline must commit, from the input
+alone (no failure-free reference job: that would cost a Spark start and the whole input
+again): the generator's events recomputed with Spark's own hash, and the Kafka input the
+test produced folded epoch by epoch.
+
+Seeds: SPARKPOINT_CHAOS_SEED (first, default 1) and SPARKPOINT_CHAOS_SEEDS (how many; CI
+runs 5 in all: 3 on Delta/S3, 2 on Kafka; `make chaos` runs 20 on each). Each test writes
+its report (chaos-report.md) to SPARKPOINT_CHAOS_OUT (default: its tmp directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.ops.chaos import Chaos, kafka_rows
+from tests.e2e.chaos_oracles import window_rows
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark]
+
+FIRST_SEED = int(os.environ.get("SPARKPOINT_CHAOS_SEED", "1"))
+SEEDS = os.environ.get("SPARKPOINT_CHAOS_SEEDS")
+FAULTS = os.environ.get("SPARKPOINT_CHAOS_FAULTS", "kill9,outage,corrupt,second,executor-kill,restore-outage")
+KAFKA_FAULTS = ",".join(f for f in FAULTS.split(",") if f != "corrupt")
+CONFIG = """\
+execution.checkpointing.interval: 1 s
+sparkpoint.lease.ttl: 4 s
+restart-strategy.type: fixed-delay
+restart-strategy.fixed-delay.delay: 200 ms
+parallelism.default: 2
+"""
+
+# Event-time windows with no late events: the windows' counts and sums are the same
+# whatever the epoch boundaries, so the input may be paced by wall time (rate_per_s):
+# the job lasts about as long on a fast machine as on a slow one.
+KEYS, EVENT_TIME_PER_S, WINDOW_MS, START_TS = 50, 2_000, 2_000, 1_700_000_000_000
+RATE_PER_S, EVENTS_PER_SEED = 400, 16_000  # 40 s of input per segment
+DELTA_PIPELINE = """\
+from sparkpoint import DeltaSink, GeneratorSource, Pipeline, TumblingWindow
+pipeline = (
+    Pipeline("chaos-delta")
+    .source(GeneratorSource("events", keys=50, total_events={total}, rate_per_s={rate},
+                            max_records_per_epoch=1_000, splits=2,
+                            disorder_ms=0, event_time_per_s=2_000))
+    .watermark("ts", delay="2 s")
+    .stateful(TumblingWindow("windows", ["key"], "ts", size="2 s", aggs=("count", "sum"), value_column="value",
+                             value_type="bigint"))
+    .sink(DeltaSink("out"))
+)
+"""
+
+# The Kafka example's shape: all input is produced first, so epoch boundaries are a pure
+# function of the restored offsets and even update-mode totals are known in advance. The
+# driver waits a little each epoch so the job does not outrun the faults on a fast machine.
+USERS, AMOUNTS, PARTITIONS, PER_PARTITION = 97, 13, 3, 200
+KAFKA_EVENTS_PER_SEED = 20_000  # about 33 epochs of at least 1 s per segment
+KAFKA_PIPELINE = """\
+import json
+import time
+import pyarrow as pa
+from sparkpoint import KeyedAggregate, Pipeline
+from sparkpoint.connectors.kafka_common import decode_json
+from sparkpoint.connectors.kafka_sink import KafkaSink
+from sparkpoint.connectors.kafka_source import KafkaSource
+
+def parse(df):
+    time.sleep(1.0)
+    return decode_json(df, "user string, amount bigint").selectExpr("data.user AS user", "data.amount AS amount")
+
+def to_records(t):
+    rows = t.to_pylist()
+    return pa.table({{"key": pa.array([r["user"] for r in rows], pa.string()),
+                     "value": pa.array([json.dumps(r, sort_keys=True) for r in rows], pa.string())}})
+
+pipeline = (
+    Pipeline("chaos-kafka")
+    .source(KafkaSource({bootstrap!r}, "events", group_id="production", max_records_per_partition_per_epoch=200,
+                        bounded=True))
+    .transform(parse)
+    .stateful(KeyedAggregate("totals", ["user"], "amount", value_type="bigint"))
+    .map_output(to_records)
+    .sink(KafkaSink({bootstrap!r}, "totals", key_column="key", value_column="value"))
+)
+"""
+
+
+def _seeds(default: int) -> int:
+    return int(SEEDS) if SEEDS else default
+
+
+def _out(tmp_path: Path, name: str) -> Path:
+    out = Path(os.environ.get("SPARKPOINT_CHAOS_OUT", tmp_path)) / name
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _storm(tmp_path: Path, pipeline: Path, workdir: Path, first_seed: int, seeds: int, expected: Counter,
+           sets: tuple[str, ...] = (), checkpoint_base: str | None = None, faults: str = FAULTS) -> dict:
+    (tmp_path / "chaos.yaml").write_text(CONFIG)
+    began = time.monotonic()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    chaos = Chaos(str(pipeline), str(tmp_path / "chaos.yaml"), sets, faults.split(","), first_seed, workdir,
+                  timeout=600, kills=None, echo=print, seeds=seeds, storm=True, checkpoint_base=checkpoint_base,
+                  expected=expected)
+    report = chaos.run()
+    print(f"\n{report.render()}\n(storm of {seeds} seed(s): {time.monotonic() - began:.0f} s)")
+    assert (workdir / "chaos-report.md").read_text().startswith("sparkpoint chaos ")
+    return report.to_dict()
+
+
+def _assert_every_fault_every_seed_exactly_once(report: dict, first_seed: int, seeds: int,
+                                                faults: str = FAULTS) -> None:
+    wanted = {(f, s) for f in faults.split(",") for s in range(first_seed, first_seed + seeds)}
+    got = {(v["fault"], v["seed"]) for v in report["faults"]}
+    assert got == wanted, sorted(wanted - got)
+    failed = [(v["fault"], v["seed"], v["injected"], v["notes"]) for v in report["faults"] if not v["passed"]]
+    assert not failed, failed
+    for v in report["faults"]:
+        assert (v["lost"], v["duplicated"], v["unexpected"]) == (0, 0, 0), v
+        assert v["committed"] == report["reference"]["rows"] > 0, v
+    assert report["ok"]
+
+
+# -- the oracles ------------------------------------------------------------------------
+
+def windows_oracle(total: int) -> Counter:
+    """Every row DELTA_PIPELINE commits: its generator's windows (tests/e2e/chaos_oracles.py),
+    as chaos compares rows (a tuple of the columns in sorted order, `epoch` left out)."""
+    return Counter(tuple(row[c] for c in sorted(row)) for row in window_rows(
+        total, keys=KEYS, event_time_per_s=EVENT_TIME_PER_S, disorder_ms=0, start_ts_ms=START_TS,
+        window_ms=WINDOW_MS))
+
+
+def kafka_oracle(count: int) -> Counter:
+    """Every (key, value) KAFKA_PIPELINE commits for the input _produce wrote: each epoch
+    reads PER_PARTITION records of every partition, and every user it touched gets its
+    running totals as one record."""
+    lengths = [len(range(p, count, PARTITIONS)) for p in range(PARTITIONS)]
+    totals: dict[str, tuple[int, int, int, int]] = {}
+    out: Counter = Counter()
+    epoch = 0
+    while any(PER_PARTITION * epoch < n for n in lengths):
+        touched = set()
+        for p in range(PARTITIONS):
+            for offset in range(PER_PARTITION * epoch, min(PER_PARTITION * (epoch + 1), lengths[p])):
+                i = offset * PARTITIONS + p
+                user, amount = f"u{i % USERS}", i % AMOUNTS
+                c = totals.get(user)
+                totals[user] = (1, amount, amount, amount) if c is None else (
+                    c[0] + 1, max(c[1], amount), min(c[2], amount), c[3] + amount)
+                touched.add(user)
+        for user in touched:
+            n, high, low, total = totals[user]
+            out[(user, json.dumps({"count": n, "max": high, "min": low, "sum": total, "user": user},
+                                  sort_keys=True))] += 1
+        epoch += 1
+    return out
+
+
+def _timeout(default_seeds: int) -> int:
+    """pytest's per-test limit for a storm: a Spark start and about a minute per seed."""
+    return max(900, 300 + 300 * _seeds(default_seeds))
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(_timeout(3))
+def test_chaos_storm_on_a_delta_sink_with_checkpoints_on_s3_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    from tests.e2e.delta_job import s3_server_process
+
+    seeds = _seeds(3)
+    total = EVENTS_PER_SEED * seeds + EVENTS_PER_SEED // 2  # paced by wall time: RATE_PER_S
+    pipeline = tmp_path / "delta_pipeline.py"
+    pipeline.write_text(DELTA_PIPELINE.format(total=total, rate=RATE_PER_S))
+    with s3_server_process("chaos") as options:
+        report = _storm(tmp_path, pipeline, _out(tmp_path, "delta-s3"), FIRST_SEED, seeds, windows_oracle(total),
+                        sets=(f"execution.checkpointing.storage-options={json.dumps(options)}",),
+                        checkpoint_base="s3://chaos/runs")
+    assert (report["sink"], report["storage"]) == ("delta", "s3")
+    _assert_every_fault_every_seed_exactly_once(report, FIRST_SEED, seeds)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    from sparkpoint.testing.kafka_broker import KafkaBroker
+
+    with KafkaBroker(tmp_path_factory.mktemp("kafka-chaos")) as kafka:
+        yield kafka
+
+
+def _produce(bootstrap: str, count: int) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for topic, parts in (("events", 3), ("totals", 1)):
+        admin.create_topics([NewTopic(topic, parts, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for i in range(count):
+        producer.produce("events", json.dumps({"user": f"u{i % USERS}", "amount": i % AMOUNTS}).encode(),
+                         partition=i % PARTITIONS)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def _group_offsets(bootstrap: str, group: str) -> list[int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        return [tp.offset for tp in consumer.committed([TopicPartition("events", p) for p in range(3)], timeout=30)]
+    finally:
+        consumer.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(_timeout(2))
+def test_chaos_storm_on_kafka_source_and_sink_loses_and_duplicates_nothing_and_leaves_production_alone(
+        tmp_path: Path, broker) -> None:
+    seeds = _seeds(2)
+    first = FIRST_SEED + (0 if SEEDS else 3)  # CI: seeds 4 and 5 here, 1-3 on Delta
+    count = KAFKA_EVENTS_PER_SEED * seeds + KAFKA_EVENTS_PER_SEED // 2
+    _produce(broker.bootstrap_servers, count)
+    pipeline = tmp_path / "kafka_pipeline.py"
+    pipeline.write_text(KAFKA_PIPELINE.format(bootstrap=broker.bootstrap_servers))
+    # Not `corrupt`: a restore that falls back past a checkpoint the Kafka sink already
+    # published publishes those records again (test_chaos_kafka_fallback.py).
+    report = _storm(tmp_path, pipeline, _out(tmp_path, "kafka"), first, seeds, kafka_oracle(count),
+                    faults=KAFKA_FAULTS)
+    assert report["sink"] == "kafka"
+    _assert_every_fault_every_seed_exactly_once(report, first, seeds, KAFKA_FAULTS)
+    # The runs had consumer groups and topics of their own: production's group committed
+    # nothing, and production's output topic got no record.
+    assert all(offset < 0 for offset in _group_offsets(broker.bootstrap_servers, "production"))
+    assert not kafka_rows(broker.bootstrap_servers, "totals")
