@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON311 ?= $(shell command -v python3.11 || command -v python3)
 
-.PHONY: demo test bootstrap check-java kafka-jars bench clean-demo docs chaos
+.PHONY: demo test test-fast bootstrap check-java kafka-jars bench clean-demo docs chaos
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required (Spark runs on the JVM). Install a JDK 17, e.g. 'apt-get install openjdk-17-jdk-headless', or put it on PATH." >&2; exit 1; }
@@ -35,6 +35,12 @@ demo: bootstrap
 
 test: bootstrap kafka-jars chromium
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+
+# The tier that starts no job or server process of its own: unit tests and the
+# in-process integration tests on one shared Spark session (the Kafka tests need a
+# broker JVM and stay in `make test`).
+test-fast: bootstrap
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/integration --ignore=tests/integration/kafka
 
 # `sparkpoint chaos --storm` over 20 seeds (SEEDS=N to change) on a Delta sink with checkpoints
 # on an S3 API and on Kafka source and sink: every fault kind once per seed. The reports (runs,
