@@ -187,6 +187,8 @@ def may_be_permanent(e: BaseException) -> bool:
     short = failure.short_type
     if short in _TRANSIENT_PYTHON or _is_a(failure, StorageError) or short == "StorageError":
         return False
+    if _is_a(failure, FailoverRequired):  # the runtime's own call: checkpoints failing, a final commit
+        return False
     if failure.type_name.startswith(("java.", "org.", "scala.")) and any(t in failure.message or t in str(e)[:2000]
                                                                           for t in _TRANSIENT_JAVA):
         return False

@@ -266,7 +266,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             # A signal handler runs on the main thread between any two bytecodes, possibly
             # while it holds the coordinator's or the gateway's lock: it only hands the
             # request to the control thread (SimpleQueue.put is safe there).
-            if self._owns_spark:
+            if getattr(self, "_owns_spark", False):
                 self._jvm_leaves_sigterm_to_the_driver()
             handlers[signal.SIGUSR1] = signal.getsignal(signal.SIGUSR1)
             signal.signal(signal.SIGUSR1, lambda *_: self._requests.put("checkpoint"))

@@ -170,7 +170,8 @@ def test_a_parquet_type_mismatch_stops_after_three_attempts_and_names_the_java_c
                 .source(FileSource(str(tmp_path / "in"), format="parquet", schema="id BIGINT, ts TIMESTAMP",
                                    bounded=True))
                 .sink(ParquetSink(str(tmp_path / "out"))))
-    job = JobMaster(pipeline, settings(tmp_path, "nanos", [], **{"restart-strategy.fixed-delay.delay": "10 ms"}),
+    job = JobMaster(pipeline, settings(tmp_path, "nanos", [], **{"restart-strategy.fixed-delay.delay": "10 ms",
+                                                                 "restart-strategy.fixed-delay.attempts": 6}),
                     spark=spark)
     with pytest.raises(JobFailedError) as failed:
         job.run()

@@ -110,6 +110,10 @@ def test_only_failures_of_the_pipeline_itself_may_count_as_permanent() -> None:
     assert not may_be_permanent(Py4JLike(WORKER.format(exc="sparkpoint.errors.StorageError: injected fault: read")))
     assert not may_be_permanent(_raised(ConnectionRefusedError(111, "Connection refused")))
     assert not may_be_permanent(_raised(EOFError()))
+    from sparkpoint.runtime.failures import FailoverRequired
+
+    assert not may_be_permanent(_raised(FailoverRequired("tolerable failed checkpoints exceeded (3); last: "
+                                                         "IO_EXCEPTION")))
     # An OSError raised by the user's own code (a frame outside the runtime's packages) is the
     # pipeline's; raised inside Spark's or the runtime's I/O it is not.
     assert may_be_permanent(Py4JLike(WORKER.format(exc="FileNotFoundError: [Errno 2] /lookup.csv")))
