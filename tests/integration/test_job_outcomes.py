@@ -10,6 +10,7 @@ import shutil
 import threading
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from failure_support import Events, ObservedJob, Tripwire, expected_windows, settings
 
@@ -96,8 +97,30 @@ def test_a_deleted_savepoint_does_not_make_the_next_failover_fatal(spark, tmp_pa
     assert _output(tmp_path) == expected[PACED]
 
 
-class CommitFailingJob(ObservedJob):
-    """The sink's commit fails `fail_final_commits` times once the final checkpoint is being taken."""
+class FinalCheckpointJob(ObservedJob):
+    """Knows when the final checkpoint (end of the bounded input) has been triggered: the
+    faults below hit only its completion, not the periodic checkpoints before it."""
+
+    def _setup(self) -> None:
+        super()._setup()
+        self.final_triggered = False
+        trigger = self.coordinator.trigger_checkpoint
+
+        def triggering(*args, **kwargs):
+            if self.finishing and kwargs.get("forced"):
+                self.final_triggered = True
+            return trigger(*args, **kwargs)
+
+        self.finishing = False
+        self.coordinator.trigger_checkpoint = triggering
+
+    def _finish(self) -> None:
+        self.finishing = True
+        super()._finish()
+
+
+class CommitFailingJob(FinalCheckpointJob):
+    """The sink's commit of the final checkpoint fails `fail_final_commits` times."""
 
     fail_final_commits = 0
 
@@ -106,22 +129,17 @@ class CommitFailingJob(ObservedJob):
         commit = self.sink.commit
 
         def failing_commit(handle):
-            if self.final_phase and self.fail_final_commits > 0:
+            if self.final_triggered and self.fail_final_commits > 0:
                 self.fail_final_commits -= 1
                 raise StorageError("injected fault: publishing the sink's staged files")
             return commit(handle)
 
-        self.final_phase = False
         self.sink.commit = failing_commit
-
-    def _finish(self) -> None:
-        self.final_phase = True
-        super()._finish()
 
 
 def test_a_failed_commit_of_the_final_checkpoint_is_retried_before_the_job_reports_finished(
         spark, tmp_path, expected, monkeypatch):
-    monkeypatch.setattr(CommitFailingJob, "FINAL_COMMIT_BACKOFF_S", (0.05, 0.05, 0.05))
+    monkeypatch.setattr(CommitFailingJob, "FINAL_COMMIT_BACKOFF_S", (0.05, 0.05, 0.05), raising=False)
     job = CommitFailingJob(SMALL.pipeline("final", tmp_path / "out"), settings(tmp_path, "final", []), spark=spark)
     job.fail_final_commits = 2
     result = job.run()
@@ -131,7 +149,7 @@ def test_a_failed_commit_of_the_final_checkpoint_is_retried_before_the_job_repor
 
 
 def test_a_final_commit_that_keeps_failing_never_reports_finished(spark, tmp_path, monkeypatch):
-    monkeypatch.setattr(CommitFailingJob, "FINAL_COMMIT_BACKOFF_S", (0.05, 0.05))
+    monkeypatch.setattr(CommitFailingJob, "FINAL_COMMIT_BACKOFF_S", (0.05, 0.05), raising=False)
     job = CommitFailingJob(SMALL.pipeline("final", tmp_path / "out"),
                            settings(tmp_path, "final", [], **{"restart-strategy.type": "none"}), spark=spark)
     job.fail_final_commits = 10**6
@@ -236,3 +254,42 @@ def test_a_job_cancelled_during_the_restart_backoff_does_not_exit_zero(spark, tm
     assert result.status is JobStatus.CANCELED
     assert "Tripped" in result.extra["cancelled_after"]
     assert exit_code(result) != 0
+
+
+class DeadLetterPublishFails(FinalCheckpointJob):
+    """The source's completion hook (which publishes FileSource dead letters) fails for every
+    checkpoint before the final one, and twice for the final one."""
+
+    def _setup(self) -> None:
+        super()._setup()
+        publish = self.source.notify_checkpoint_complete
+        self.publish_failures = 2
+
+        def failing_publish(checkpoint_id, positions):
+            if not self.final_triggered or self.publish_failures > 0:
+                self.publish_failures -= self.final_triggered
+                raise OSError("injected fault: moving dead letters out of _staging")
+            return publish(checkpoint_id, positions)
+
+        self.source.notify_checkpoint_complete = failing_publish
+
+
+def test_dead_letters_of_the_final_checkpoint_are_published_before_the_job_reports_finished(
+        spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(DeadLetterPublishFails, "FINAL_COMMIT_BACKOFF_S", (0.05, 0.05, 0.05), raising=False)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.json").write_text('{"id": 1}\nnot json\n{"id": 2}\n')
+    pipeline = (Pipeline("letters")
+                .source(FileSource(str(tmp_path / "in"), schema="id BIGINT", bounded=True,
+                                   dead_letter=str(tmp_path / "dead")))
+                .sink(ParquetSink(str(tmp_path / "out"))))
+    job = DeadLetterPublishFails(pipeline, settings(tmp_path, "letters", []), spark=spark)
+    result = job.run()
+    assert result.status is JobStatus.FINISHED
+    assert job.publish_failures == 0
+    files = [str(p) for p in (tmp_path / "dead").glob("*.parquet")]
+    assert len(files) == 1, "FINISHED, but the dead letters were never published"
+    published = pq.read_table(files[0])
+    assert published.column("line").to_pylist() == ["not json"], "the bad record is published once"
+    assert not list((tmp_path / "dead" / "_staging").glob("*.parquet")), "FINISHED with dead letters still staged"
+    assert sorted(r[0] for r in canonical(read_output(tmp_path / "out"))) == [1, 2]
