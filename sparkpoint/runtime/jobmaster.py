@@ -546,6 +546,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         while not self._stop.is_set():
             if self._failover_reason:
                 raise FailoverRequired(self._failover_reason)
+            if self._restoring and self._signal_stop is not None and not self._signal_stop.done():
+                # Restored for an interrupted stop: an epoch without input brings the state
+                # subtasks up first, or they refuse the stop's checkpoint as still restoring.
+                self._run_empty_epoch(final=False)
             if self._serve_stop_request():
                 return
             self.positions = self.source.discover(self.positions)

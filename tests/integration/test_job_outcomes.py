@@ -293,3 +293,30 @@ def test_dead_letters_of_the_final_checkpoint_are_published_before_the_job_repor
     assert published.column("line").to_pylist() == ["not json"], "the bad record is published once"
     assert not list((tmp_path / "dead" / "_staging").glob("*.parquet")), "FINISHED with dead letters still staged"
     assert sorted(r[0] for r in canonical(read_output(tmp_path / "out"))) == [1, 2]
+
+
+def test_a_stop_by_signal_that_an_epoch_failure_interrupts_still_stops_with_a_last_checkpoint(
+        spark, tmp_path, expected):
+    """What a SIGTERM to the whole process group does to Spark's Python workers: the epoch
+    that carries the stop's barrier fails. The stop stays a stop (restore once, take the
+    last checkpoint there, FINISHED), not a failover that forgets it; a rerun finishes the
+    input with nothing lost or twice."""
+    import signal
+
+    trip = Tripwire()
+    job = ObservedJob(PACED.pipeline("interrupted", tmp_path / "out", transform=trip),
+                      settings(tmp_path, "interrupted", []), spark=spark)
+    running = _OnThread(job)
+    _wait(lambda: getattr(job, "completed_ids", None))
+    trip.arm()
+    job._on_stop_signal(signal.SIGTERM, None)  # the handler only queues the stop
+    result = running.join()
+    assert running.error is None, running.error
+    assert result.status is JobStatus.FINISHED and result.restarts == 0
+    assert job.status.history.count(JobStatus.FAILING) == 1
+    assert job.epoch + 1 < PACED.total // PACED.per_epoch, "it stopped before the input ended"
+
+    rerun = JobMaster(PACED.pipeline("interrupted", tmp_path / "out"), settings(tmp_path, "interrupted", []),
+                      spark=spark).run()
+    assert rerun.status is JobStatus.FINISHED
+    assert _output(tmp_path) == expected[PACED]
