@@ -99,7 +99,25 @@ def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...], save
                    f"{state['rebuilds']} rebuilds (p50 {state['rebuild_ms_p50']} ms, max {state['rebuild_ms_max']} ms), "
                    f"{state['catch_ups']} catch-ups, {state['snapshots']} snapshots uploaded")
         click.echo(f"  state (json)        : {json.dumps(state, sort_keys=True)}")
-    sys.exit(0 if result.status in (JobStatus.FINISHED, JobStatus.CANCELED) else 1)
+    if result.extra.get("cancelled_after"):
+        click.echo(f"sparkpoint: error: job {settings.job_name} was cancelled while restarting after a failure "
+                   f"({result.extra['cancelled_after']}); the next run resumes from "
+                   + (f"checkpoint {result.last_checkpoint_id}" if result.last_checkpoint_id is not None
+                      else "scratch (no checkpoint completed)"), err=True)
+    sys.exit(exit_code(result))
+
+
+def exit_code(result) -> int:
+    """0 for a job that ended as asked: its input ended, or it was stopped or cancelled
+    while it ran. 1 for anything else, including a cancel that cut a restart short: the
+    job was failing, not stopping."""
+    from sparkpoint.runtime.status import JobStatus
+
+    if result.status is JobStatus.FINISHED:
+        return 0
+    if result.status is JobStatus.CANCELED and not result.extra.get("cancelled_after"):
+        return 0
+    return 1
 
 
 @cli.command("config-keys")

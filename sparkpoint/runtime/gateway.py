@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from sparkpoint.checkpoint.interfaces import CheckpointLocation, CheckpointProperties, CompletedCheckpointData
+from sparkpoint.runtime.failures import summarize
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ class RuntimeGateway:
         self._restoring: set[str] = set()
         self._pool = ThreadPoolExecutor(upload_workers, thread_name_prefix="checkpoint-async")
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-commit")
+        # The newest completed checkpoint whose commit failed and no later commit made up for.
+        self._failed_commit: tuple[int, CompletedCheckpointData, BaseException] | None = None
 
     # -- ParticipantGateway --------------------------------------------------------
     def participants(self) -> Sequence[str]:
@@ -163,6 +166,27 @@ class RuntimeGateway:
     def drain_commits(self, timeout_s: float = 60) -> None:
         self._committer.submit(lambda: None).result(timeout=timeout_s)
 
+    def failed_commit(self) -> tuple[int, CompletedCheckpointData, BaseException] | None:
+        """(id, data, error) of the newest completed checkpoint whose commit failed, unless a
+        later commit succeeded (handles are cumulative, so it published that output too)."""
+        with self._lock:
+            return self._failed_commit
+
+    def commit_again(self, checkpoint_id: int, data: CompletedCheckpointData) -> None:
+        """Re-run a failed commit on the calling thread (the committer must be idle: drained).
+        Raises what the commit raises."""
+        self._on_complete(checkpoint_id, data)
+        self._commit_done(checkpoint_id, data, None)
+
+    def _commit_done(self, checkpoint_id: int, data: CompletedCheckpointData, error: BaseException | None) -> None:
+        with self._lock:
+            failed = self._failed_commit
+            if error is not None:
+                if failed is None or failed[0] <= checkpoint_id:
+                    self._failed_commit = (checkpoint_id, data, error)
+            elif failed is not None and failed[0] <= checkpoint_id:
+                self._failed_commit = None
+
     def shutdown(self) -> None:
         self.abort_all_local()
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -172,8 +196,12 @@ class RuntimeGateway:
     def _run_complete(self, checkpoint_id: int, data: CompletedCheckpointData) -> None:
         try:
             self._on_complete(checkpoint_id, data)
-        except Exception:
+        except Exception as e:
             # The checkpoint is durable; a commit that failed here is re-run by the next
-            # completion (handles are cumulative) or by recovery after a restart.
-            log.exception("post-completion commit for checkpoint %d failed; it is retried by the next "
-                          "checkpoint or on restore", checkpoint_id)
+            # completion (handles are cumulative) or by recovery after a restart. After the
+            # final checkpoint there is no next one: the job retries it (`failed_commit`).
+            log.warning("post-completion commit for checkpoint %d failed: %s; it is retried by the next "
+                        "checkpoint or on restore", checkpoint_id, summarize(e), exc_info=log.isEnabledFor(logging.DEBUG))
+            self._commit_done(checkpoint_id, data, e)
+        else:
+            self._commit_done(checkpoint_id, data, None)

@@ -51,8 +51,10 @@ from sparkpoint.runtime.failures import (
     FailoverRequired,
     FailureSignature,
     PythonFailure,
+    failing_step,
     failure_signature,
     is_config_error,
+    may_be_permanent,
     python_failure,
 )
 from sparkpoint.runtime.failures import summarize as _summary
@@ -112,12 +114,19 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self.status = JobStatusTracker()
         self.run_id = uuid.uuid4().hex[:12]
         self._spark = spark
+        self._owns_spark = False  # this job started the Spark session (and its JVM)
         self._stop = threading.Event()
         self._stop_signalled = False
+        self._signal_stop: Future | None = None  # the stop a SIGINT/SIGTERM asked for
+        self._signal_stop_name = ""
+        self._signal_stop_failures = 0
+        self.cancelled_after: str | None = None  # the failure a cancel during the restart backoff cut short
+        self._restored_external: str | None = None  # the savepoint restored, for the restore statistics
         self._requests: queue.SimpleQueue = queue.SimpleQueue()  # to the control thread; None stops it
         self._stop_requests: queue.SimpleQueue = queue.SimpleQueue()  # to the epoch loop (runtime/savepoints.py)
         self.stopped_with: str | None = None  # the savepoint the job stopped with
         self._origin: str | None = None  # the savepoint this job's state descends from
+        self._origin_path: str | None = None  # ... and where it was (execution.state-recovery.path)
         self._failover_reason: str | None = None
         self._fatal: BaseException | None = None
         self.faults = ParticipantFaults.from_rules(settings.faults)
@@ -197,6 +206,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             from prometheus_client import start_http_server
             start_http_server(s.metrics_port, addr="127.0.0.1", registry=self.coordinator.stats.registry)
         if self._spark is None:
+            self._owns_spark = True
             self._spark = get_or_create_spark(s.spark_master, f"sparkpoint:{self.job_name}", self.P, s.spark_conf)
         if self.operator is not None:
             from sparkpoint.runtime.user_code import ship_by_value
@@ -262,18 +272,36 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             # A signal handler runs on the main thread between any two bytecodes, possibly
             # while it holds the coordinator's or the gateway's lock: it only hands the
             # request to the control thread (SimpleQueue.put is safe there).
+            if getattr(self, "_owns_spark", False):
+                self._jvm_leaves_sigterm_to_the_driver()
             handlers[signal.SIGUSR1] = signal.getsignal(signal.SIGUSR1)
             signal.signal(signal.SIGUSR1, lambda *_: self._requests.put("checkpoint"))
             threading.Thread(target=self._serve_requests, name="sparkpoint-control", daemon=True).start()
         return handlers
+
+    def _jvm_leaves_sigterm_to_the_driver(self) -> None:
+        """A SIGTERM sent to the whole process group (systemd's control group, supervisord's
+        stopasgroup, `kill -TERM -PGID`) also reaches the JVM, whose default handler runs the
+        shutdown hooks and stops Spark in the middle of the stop the driver is carrying out.
+        PySpark already starts the JVM ignoring SIGINT for the same reason; SIGTERM is ignored
+        there too, so the driver decides. The JVM still ends with the driver: it exits when
+        the driver's pipe to it closes."""
+        try:
+            jvm = self._spark.sparkContext._jvm
+            jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal("TERM"), jvm.sun.misc.SignalHandler.SIG_IGN)
+        except Exception as e:  # noqa: BLE001 - a JVM without sun.misc: a group stop may then cut it short
+            log.info("could not make the Spark JVM leave SIGTERM to the driver (%s): a SIGTERM to the whole "
+                     "process group stops Spark before the last checkpoint", _summary(e))
 
     def _on_stop_signal(self, signum, _frame) -> None:
         if self._stop_signalled or self.status.status != JobStatus.RUNNING:
             self.cancel()
             return
         self._stop_signalled = True
-        self.stop(savepoint=False).add_done_callback(self._stop_signal_done)
-        self._requests.put(("signalled", signal.Signals(signum).name))
+        self._signal_stop_name = signal.Signals(signum).name
+        self._signal_stop = self.stop(savepoint=False)
+        self._signal_stop.add_done_callback(self._stop_signal_done)
+        self._requests.put(("signalled", self._signal_stop_name))
 
     def _stop_signal_done(self, fut: Future) -> None:
         if fut.exception() is not None and not self._stop.is_set():  # the user still wants it stopped
@@ -297,11 +325,14 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         last: FailureSignature | None = None
         same = 0
         while True:
+            in_epochs = False  # the failure came from an epoch that ran, not from restoring
             try:
                 self._restore()
                 self.status.transition(JobStatus.RUNNING)
+                self._report_restore()
                 if not self.settings.checkpointing_enabled:
                     self.coordinator.resume()  # no periodic checkpoints, but forced ones (the final one)
+                in_epochs = True
                 self._epoch_loop()
                 if self._fatal is not None:
                     raise self._fatal
@@ -323,9 +354,19 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                 failure = python_failure(e)
                 trace = self._write_failure_trace(e)
                 where = f" (full trace: {trace})" if trace else ""
-                signature = failure_signature(e, self._failing_operator(e), self.restored_from)
-                same = same + 1 if signature == last else 1
-                last = signature
+                signature = failure_signature(e, failing_step(e, self.operator.name if self.operator else None),
+                                              self.restored_from)
+                if self._signal_stop is not None:
+                    if self._stop_interrupted(failure, signature):
+                        continue  # restore, then the queued stop takes its last checkpoint
+                    return self._result()
+                # Only the pipeline failing on its input, in an epoch that ran, is "the same
+                # failure": a storage outage while restoring fails identically until it heals.
+                if in_epochs and may_be_permanent(e):
+                    same = same + 1 if signature == last else 1
+                    last = signature
+                else:
+                    same, last = 0, None
                 stop_why = None
                 if is_config_error(failure):
                     stop_why = "a configuration error: restarting cannot fix it"
@@ -349,8 +390,63 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                 self.restarts += 1
                 log.warning("restarting job %s in %d ms (%s)", self.job_name, decision.delay_ms, decision.why)
                 if self._stop.wait(decision.delay_ms / 1000):
+                    # Cancelled while it was failing: nothing was stopped cleanly, say so.
+                    self.cancelled_after = self._failure_line(failure, signature)
                     self.status.transition(JobStatus.CANCELED)
                     return self._result()
+
+    def _report_restore(self) -> None:
+        """The job runs again on restored state: count it (sparkpoint_checkpoint_restores_total)."""
+        if self.restored_from is not None:
+            self.coordinator.stats.report_restored(int(self.restored_from), int(time.time() * 1000),
+                                                   external_path=self._restored_external)
+
+    def _stop_interrupted(self, failure: PythonFailure, signature: FailureSignature) -> bool:
+        """A signal asked the job to stop and the attempt failed meanwhile, typically
+        because the signal reached the whole process group: Spark's Python workers died
+        with it. The stop stays a stop: restore the latest checkpoint once and let the
+        queued stop take its last checkpoint there (True); if that fails as well, end
+        CANCELED with where the next run resumes (False). Never a failover verdict."""
+        line = self._failure_line(failure, signature)
+        self._signal_stop_failures += 1
+        if self._signal_stop_failures == 1 and not self._stop.is_set():
+            log.info("job %s: the stop was interrupted (%s); restoring the latest checkpoint to take the last "
+                     "one there", self.job_name, line)
+            self._requeue_signal_stop()
+            self.status.transition(JobStatus.RESTARTING)
+            return True
+        latest = self._latest_completed_id()
+        resume = (f"resume from checkpoint {latest}" if latest is not None
+                  else "no checkpoint completed yet: the next run starts from scratch")
+        self.progress.announce(f"stopped by {self._signal_stop_name}; the last checkpoint could not be taken "
+                               f"({line}); {resume}")
+        self.status.transition(JobStatus.CANCELED)
+        return False
+
+    def _requeue_signal_stop(self) -> None:
+        """The signal's stop request goes first in the queue again (a failure while it
+        carried its barriers took it out)."""
+        import queue as _queue
+
+        from sparkpoint.runtime.savepoints import StopRequest
+
+        waiting = []
+        while True:
+            try:
+                waiting.append(self._stop_requests.get_nowait())
+            except _queue.Empty:
+                break
+        if not any(r.future is self._signal_stop for r in waiting):
+            waiting.insert(0, StopRequest(False, None, self._signal_stop))
+        for request in waiting:
+            self._stop_requests.put(request)
+
+    def _latest_completed_id(self) -> int | None:
+        try:
+            latest = self.coordinator.completed_store.latest()
+        except Exception:  # noqa: BLE001 - only for a message
+            return None
+        return latest.checkpoint_id if latest is not None else None
 
     def _check_local_state_dir(self) -> None:
         """On a local master the driver's disk is the executors': a state.local.dir that
@@ -365,17 +461,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                               f"state directory {self.local_root} ({e.strerror or e}); point state.local.dir at a "
                               f"writable directory") from None
 
-    def _failing_operator(self, e: BaseException) -> str | None:
-        """The stateful operator whose code raised, if the trace shows it ran."""
-        if self.operator is None:
-            return None
-        text = str(e)
-        return self.operator.name if ("apply_subtask" in text or self.operator.name in text) else None
-
     def _failure_line(self, failure: PythonFailure, signature: FailureSignature) -> str:
         parts = [failure.line()[:400]]
-        if signature.operator is not None:
-            parts.append(f"in operator {signature.operator!r}")
+        if signature.step is not None:
+            parts.append(f"in {signature.step}")
         parts += [n[:200] for n in failure.notes]  # e.g. the key and the record, when the raiser added them
         return "; ".join(parts)
 
@@ -441,7 +530,9 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                                 "read_hint": self.sink.read_hint,
                                 "malformed_records": getattr(self.source, "malformed_records", 0),
                                 "state": self.lineages.stats.to_json() if self.lineages else None,
-                                "savepoint": self.stopped_with})
+                                "savepoint": self.stopped_with,
+                                "cancelled_after": self.cancelled_after,
+                                "stopped_by_signal": self._signal_stop_name or None})
 
     def _savepoint_target(self, barrier):
         if barrier is None or self.operator is None:
@@ -461,6 +552,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         while not self._stop.is_set():
             if self._failover_reason:
                 raise FailoverRequired(self._failover_reason)
+            if self._restoring and self._signal_stop is not None and not self._signal_stop.done():
+                # Restored for an interrupted stop: an epoch without input brings the state
+                # subtasks up first, or they refuse the stop's checkpoint as still restoring.
+                self._run_empty_epoch(final=False)
             if self._serve_stop_request():
                 return
             self.positions = self.source.discover(self.positions)
@@ -507,6 +602,9 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         epoch = self.epoch + 1
         self._before_first_epoch_after_restore()
         df = self.source.read(plan)
+        read = None
+        if self.pipeline.transforms:  # they may drop or multiply rows: count the source's records
+            df, read = self._counted_source(df, epoch)
         for step in self.pipeline.transforms:
             df = step(df)
         task = None
@@ -532,19 +630,42 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         # The epoch is done: advance.
         self.epoch = epoch
         self.positions = dict(plan.end)
+        records = self._source_records(read, result.input_records)
         if epoch > self._highest_epoch_run:
             self._highest_epoch_run = epoch
-            self.records += result.input_records
+            self.records += records
         else:  # a restore rewound the sources: this epoch's input was counted when it first ran
-            self.replayed_records += result.input_records
+            self.replayed_records += records
         if result.max_event_time_ms is not None:
             self.max_event_time = max(self.max_event_time or result.max_event_time_ms, result.max_event_time_ms)
-        self.progress.on_epoch(result, result.output_rows)
+        self.progress.on_epoch(result, result.output_rows, records)
         for barrier in carried:
             self._snapshot(barrier.checkpoint_id, result,
                            savepoint_url=barrier.location.url if barrier is savepoint else None)
         if self._ack_at_epoch_end:
             self._snapshot_at_epoch_end(result)
+
+    @staticmethod
+    def _counted_source(df, epoch: int):
+        """The source's rows with their count observed (collected by the epoch's one action)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        read = Observation(f"source-{epoch}")
+        return df.observe(read, F.count(F.lit(1)).alias("n")), read
+
+    @staticmethod
+    def _source_records(read, fallback: int) -> int:
+        """The records the source read this epoch. A transform that left the source's rows out
+        of the plan altogether never runs the observation: then the epoch's input rows."""
+        if read is None:
+            return fallback
+        try:
+            if not read._jo.future().isCompleted():  # Observation.get would wait forever
+                return fallback
+            return int(read.get.get("n", 0))
+        except Exception:  # noqa: BLE001 - a count for the progress line, never a reason to fail
+            return fallback
 
     def _snapshot_at_epoch_end(self, result) -> None:
         """Checkpoints triggered while this epoch ran complete now, at its end, not one
@@ -587,10 +708,47 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                 log.warning("final checkpoint attempt %d failed: %s; retrying", attempt, _summary(e))
                 time.sleep(min(5.0, 0.2 * attempt))
                 continue
-            self.final_done = True
-            self.gateway.drain_commits()
+            self.final_done = self._commit_final()
             return
         raise FailoverRequired("the final checkpoint failed 10 times")
+
+    # Retries of the final checkpoint's commit, and the pause before each (seconds).
+    FINAL_COMMIT_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 4.0)
+
+    def _commit_final(self) -> bool:
+        """The final checkpoint (end of a bounded input, a stop) is committed before the job
+        may say FINISHED: no later checkpoint would publish its output. A failed commit is
+        retried with backoff; if it keeps failing the job fails over (recovery re-runs the
+        commit of the restored checkpoint) and the restart strategy decides from there.
+        The source's completion hook (offsets to the broker, dead letters published) runs
+        again here, where a failure is not ignored. False if the job was cancelled first."""
+        self.gateway.drain_commits()
+        latest = self.coordinator.completed_store.latest()
+        checkpoint_id = latest.checkpoint_id if latest is not None else None
+        error: BaseException | None = None
+        for attempt, pause in enumerate((0.0, *self.FINAL_COMMIT_BACKOFF_S)):
+            if attempt:
+                log.warning("job %s: the commit of the final checkpoint %s failed (%s); retry %d of %d in %.1f s",
+                            self.job_name, checkpoint_id, _summary(error), attempt,
+                            len(self.FINAL_COMMIT_BACKOFF_S), pause)
+                if self._stop.wait(pause):
+                    return False
+            try:
+                failed = self.gateway.failed_commit()
+                if failed is not None:
+                    checkpoint_id = failed[0]
+                    if attempt == 0:
+                        raise failed[2]  # the committer's own attempt
+                    self.gateway.commit_again(failed[0], failed[1])
+                if latest is not None and latest.handles.get(self.source_participant) is not None:
+                    self.source.notify_checkpoint_complete(latest.checkpoint_id,
+                                                           latest.handles[self.source_participant]["positions"])
+                return True
+            except Exception as e:  # noqa: BLE001 - retried, then a failover
+                error = e
+        raise FailoverRequired(f"the commit of the final checkpoint {checkpoint_id} failed "
+                               f"{len(self.FINAL_COMMIT_BACKOFF_S) + 1} times ({_summary(error)}); its output is "
+                               f"still staged")
 
     def _run_empty_epoch(self, final: bool = True) -> None:
         """An epoch with no input that carries a barrier; `final`: it also fires what the

@@ -31,8 +31,9 @@ class ProgressReporter:
         self._window: deque[tuple[float, int]] = deque(maxlen=64)
         self.output_rows = 0
 
-    def on_epoch(self, result: Any, output_rows: int) -> None:
-        self._window.append((time.monotonic(), result.input_records))
+    def on_epoch(self, result: Any, output_rows: int, records: int | None = None) -> None:
+        """`records`: what the source read (the epoch's input rows unless given)."""
+        self._window.append((time.monotonic(), result.input_records if records is None else records))
         self.output_rows += output_rows
         self.maybe_report()
 

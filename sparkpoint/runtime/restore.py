@@ -79,6 +79,7 @@ class RestoreSteps:
         self.epoch = -1
         self.max_event_time = None
         self.restored_from = None
+        self._restored_external = None
         self._restoring = False
         self.positions = self.source.initial_positions()
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
@@ -92,21 +93,31 @@ class RestoreSteps:
 
     def _restore_savepoint(self, completed: list[CompletedCheckpointData]) -> bool:
         """`execution.state-recovery.path`: start from that savepoint, unless this job's
-        own checkpoints already descend from it (a rerun after a crash resumes from
-        those). True if it was restored."""
+        own checkpoints already descend from it (a failover, or a rerun after a crash,
+        resumes from those). True if it was restored.
+
+        The job's own checkpoints come first, without reading the savepoint: under
+        NO_CLAIM the savepoint is the user's to delete once the job has checkpoints of
+        its own, and a failover must not depend on it."""
         from sparkpoint.runtime.executor.storage import StorageRef
         from sparkpoint.runtime.savepoints import savepoint_identity
         from sparkpoint.storage import savepoints
 
         path = self.settings.recovery_path
+        own = [c for c in completed if c.checkpoint_id not in self._bad_checkpoints
+               and (c.handles.get(JOB) or {}).get("origin_path") == path]
+        if own or (self._origin is not None and any((c.handles.get(JOB) or {}).get("origin") == self._origin
+                                                    for c in completed)):
+            log.info("job %s already has checkpoints taken after starting from %s; resuming from those, "
+                     "not from the savepoint", self.job_name, path)
+            return False
         try:
             data, parent, name = savepoints.read(path, dict(self.settings.storage_options))
         except CorruptCheckpointError as e:
             raise NoValidCheckpointError(f"cannot start job {self.job_name} from {path}: {e}. Nothing was "
                                          "started; pass another savepoint") from e
         identity = savepoint_identity(data)
-        own = next((c for c in completed if (c.handles.get(JOB) or {}).get("origin") == identity), None)
-        if own is not None:
+        if any((c.handles.get(JOB) or {}).get("origin") == identity for c in completed):
             log.info("job %s already has checkpoints taken after starting from %s; resuming from those, "
                      "not from the savepoint", self.job_name, path)
             return False
@@ -117,6 +128,7 @@ class RestoreSteps:
             raise NoValidCheckpointError(f"cannot start job {self.job_name} from {path}: {_summary(e)}. "
                                          "Nothing was started; pass another savepoint") from e
         self._origin = identity
+        self._origin_path = path
         # New checkpoint ids continue after the savepoint's: sinks that remember the
         # last committed id (Kafka's commit marker) must not take new ones for old.
         self.storage.ids.set_count(max(self.storage.ids.get(), data.checkpoint_id + 1))
@@ -137,6 +149,8 @@ class RestoreSteps:
             self.gateway.set_restoring([self.state_participant(i) for i in range(self.P)])
             self._restoring = True
         self._origin = job.get("origin")
+        self._origin_path = job.get("origin_path")
+        self._restored_external = savepoint
         self.epoch = int(job["epoch"])
         self.max_event_time = job.get("max_event_time")
         self.restored_from = data.checkpoint_id

@@ -166,7 +166,10 @@ class SavepointSteps:
                 self.coordinator.resume()
             request.future.set_exception(error)
             return False
-        self.gateway.drain_commits()  # its output is committed before the job ends
+        # Its output is committed before the job ends (retried; a failover if it cannot be).
+        if not self._commit_final():
+            request.future.set_exception(RuntimeError("the job was cancelled before the stop's output was committed"))
+            return True
         self.final_done = True
         url = fut.result() if request.savepoint else None
         self.stopped_with = url

@@ -32,7 +32,9 @@ class SnapshotSteps:
     def _snapshot(self, checkpoint_id: int, result, savepoint_url: str | None = None) -> None:
         c = self.coordinator
         job = {"epoch": self.epoch, "max_event_time": self.max_event_time, "watermark": self._watermark(),
-               "records": self.records, "origin": self._origin}
+               "records": self.records, "origin": self._origin,
+               # Where it was: a failover or rerun finds its own checkpoints without reading it.
+               "origin_path": getattr(self, "_origin_path", None)}
         if savepoint_url is not None:
             job["savepoint"] = savepoint_url  # where it is: the copies' directory
         c.acknowledge(checkpoint_id, JOB, job)

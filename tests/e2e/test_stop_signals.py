@@ -3,6 +3,7 @@ the next run resumes from it and says so; a second Ctrl-C cancels at once (issue
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -61,3 +62,39 @@ def test_a_second_ctrl_c_cancels_at_once(tmp_path: Path) -> None:
         if proc.popen.poll() is None:
             proc.kill9()
     assert SUMMARY.search(proc.text).group(1) in ("CANCELED", "FINISHED"), proc.tail()
+
+
+def test_sigterm_to_the_whole_process_group_is_the_same_clean_stop(tmp_path: Path) -> None:
+    """systemd (KillMode=control-group), supervisord (stopasgroup), `kill -TERM -PGID` and
+    container runtimes signal the driver's JVM and Python workers too, not only the driver.
+    The stop must still be the clean one: a last checkpoint whose output is committed and
+    exit 0 (or, if the JVM were gone, "stopped by signal; resume from checkpoint N"), never
+    a failover loop or a permanent-failure verdict."""
+    job = _job(tmp_path)
+    first = job.start()
+    try:
+        first.wait_for(r"completed checkpoint \d+ of job", timeout=120)
+        os.killpg(first.popen.pid, signal.SIGTERM)  # the harness starts each job in its own group
+        rc = first.wait(120)
+    finally:
+        if first.popen.poll() is None:
+            first.kill9()
+    text = first.text
+    assert rc == 0, first.tail()
+    assert "fails on the same input every time" not in text, first.tail()
+    assert "failing over" not in text and "Traceback" not in text, first.tail()
+    last = int(re.search(r"last completed: (\d+)", text).group(1))
+    status = SUMMARY.search(text).group(1)
+    if status == "FINISHED":  # the JVM outlived the signal: the last checkpoint was taken and committed
+        assert "stopped with a last checkpoint; its output is committed" in text, first.tail()
+    else:
+        assert status == "CANCELED" and f"resume from checkpoint {last}" in text, first.tail()
+    committed = canonical(job.output())
+    assert committed, "the output of the last completed checkpoint is committed"
+
+    second = job.start(["sparkpoint.progress=false"])
+    try:
+        m = second.wait_for(r"resuming from checkpoint (\d+)", timeout=120)
+        assert int(m.group(1)) == last, second.tail()
+    finally:
+        second.kill9()

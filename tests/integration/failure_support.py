@@ -40,12 +40,38 @@ class Events:
                                max_records_per_epoch=self.per_epoch, splits=self.splits,
                                disorder_ms=self.disorder_ms, rate_per_s=self.rate_per_s)
 
-    def pipeline(self, name: str, out: Path) -> Pipeline:
-        return (Pipeline(name).source(self.source())
+    def pipeline(self, name: str, out: Path, transform: Any = None) -> Pipeline:
+        """`transform`: a stateless step before the window (e.g. a `Tripwire`)."""
+        pipeline = Pipeline(name).source(self.source())
+        if transform is not None:
+            pipeline = pipeline.transform(transform)
+        return (pipeline
                 .watermark("ts", delay="2 s")
                 .stateful(TumblingWindow("windows", ["key"], "ts", size_ms=WINDOW_MS, aggs=("count", "sum"),
                                          value_column="value", value_type="bigint"))
                 .sink(ParquetSink(str(out))))
+
+
+class Tripped(Exception):
+    pass
+
+
+class Tripwire:
+    """A stateless step that passes the rows on, except once after `arm()`: then it
+    raises on the driver while the epoch is being built, an epoch failure like any other
+    (a failover follows). Armed before the run: the first epoch fails."""
+
+    def __init__(self) -> None:
+        self._armed = threading.Event()
+
+    def arm(self) -> None:
+        self._armed.set()
+
+    def __call__(self, df):
+        if self._armed.is_set():
+            self._armed.clear()
+            raise Tripped("tripwire: this epoch fails once")
+        return df
 
 
 def expected_windows(spark, events: Events) -> list[tuple]:

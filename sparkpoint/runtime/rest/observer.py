@@ -60,9 +60,6 @@ class JobObserver:
                                         "exception": _summary(error), "epoch": self.job.epoch})
             if new.terminal:
                 self.end_time_ms = now
-        # RUNNING follows a finished restore: restored_from is the checkpoint it used.
-        if new is JobStatus.RUNNING and getattr(self.job, "restored_from", None) is not None:
-            self.job.coordinator.stats.report_restored(int(self.job.restored_from), now)
 
     def _on_alarm(self, event: CheckpointFailureEvent) -> None:
         with self._lock:
