@@ -75,8 +75,9 @@ def driver_state_view(cluster):
 
 
 def _job_state(cluster, worker: int, job: str) -> list[str]:
-    """The job's files on worker `worker`'s own disk (`state.local.dir/<job>/...`)."""
-    return [f for f in cluster.state_files(worker) if f.split("/", 1)[0] == job]
+    """The job's files on worker `worker`'s own disk (`state.local.dir/<job>-<hash of its
+    checkpoint location>/...`)."""
+    return [f for f in cluster.state_files(worker) if f.split("/", 1)[0].rsplit("-", 1)[0] == job]
 
 
 def _assert_driver_wrote_no_state(cluster) -> None:
