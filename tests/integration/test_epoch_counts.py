@@ -1,7 +1,7 @@
-"""The records a job reports and the event time its watermark follows come from the
-subtasks (carried through the pre-aggregation, not an observed pass over the input):
-every input row after the transforms is counted once, and the max event time is the
-input's, whatever the operator and whether or not it pre-aggregates."""
+"""The records a job reports are the records its sources read (a transform that filters
+or explodes rows does not change the count), and the event time its watermark follows
+comes from the subtasks (carried through the pre-aggregation): the max event time of the
+rows after the transforms, whatever the operator and whether or not it pre-aggregates."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def test_records_and_max_event_time_are_the_inputs(spark, tmp_path, operator):
     master = JobMaster(pipeline, settings, spark=spark)
     result = master.run()
 
-    records, max_ts = _expected(spark)
+    after_transform, max_ts = _expected(spark)
     assert result.status == JobStatus.FINISHED
-    assert 0 < records < TOTAL, "the transform filtered some rows"
-    assert result.records == records
+    assert 0 < after_transform < TOTAL, "the transform filtered some rows"
+    assert result.records == TOTAL, "every record the source read, counted once, before the transform"
     assert master.max_event_time == max_ts
