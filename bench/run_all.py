@@ -1,4 +1,4 @@
-"""Run the benchmarks of issue 13 round by round and write bench/RESULTS.md with plots.
+"""Run the benchmarks (W1, W2, W3, latency) round by round and write bench/RESULTS.md with plots.
 
     python bench/run_all.py [--only w1,w1-1m,w1-e1m,w2,w3,latency] [--runs 3] [--events 5000000]
         [--keys 100000] [--keys-1m 1000000] [--epoch-records 500000] [--big-epoch-records 1000000]
@@ -281,7 +281,7 @@ def _faster_ss(rr: list[dict[str, Any]]) -> float | None:
 def throughput_ratios(results: list[dict[str, Any]], section: str) -> str:
     runs = runs_of(results, section)
     on = _eps("sparkpoint", "ckpt-on")
-    rows = ["| ratio | of the medians | median of the per-round ratios | issue-13 target | met (medians) |",
+    rows = ["| ratio | of the medians | median of the per-round ratios | target | met (medians) |",
             "|---|---|---|---|---|"]
     specs = [
         ("sparkpoint ckpt-on / Spark SS faster store (max of RocksDB, HDFS medians)", on, _faster_ss,
@@ -357,7 +357,7 @@ def w3_table(results: list[dict[str, Any]]) -> str:
 
 def w3_targets(results: list[dict[str, Any]]) -> str:
     runs = runs_of(results, "w3")
-    rows = ["| figure | value | issue-13 target | met |", "|---|---|---|---|"]
+    rows = ["| figure | value | target | met |", "|---|---|---|---|"]
     for field, label in [("ratio_uploaded_to_changed", "uploaded / changed bytes per checkpoint, median"),
                          ("ratio_uploaded_to_changed_mean", "uploaded / changed bytes, mean (snapshots amortized)")]:
         # Both restore modes share the change phase only in their own run; take the median over all.
@@ -597,7 +597,7 @@ def section_markdown(section: str, results: list[dict[str, Any]], args: argparse
         if pyflink_status.get(section, "ok") != "ok":
             out.append(f"\n**PyFlink skipped:** {pyflink_status[section]}")
         out.append(f"\n### Results (median of {nrounds} rounds)\n" + throughput_table(results, section))
-        out.append("\n### Ratios (throughput after start-up) and issue-13 targets\n" + throughput_ratios(results, section))
+        out.append("\n### Ratios (throughput after start-up) and targets\n" + throughput_ratios(results, section))
         name = f"throughput_{section}.png"
         if name in plots:
             out.append(f"\n![{title}: events/s]({os.path.basename(args.plots_dir)}/{name})")
@@ -607,7 +607,7 @@ def section_markdown(section: str, results: list[dict[str, Any]], args: argparse
             out.append(f"Keys: {_fmt(runs[0].get('keys'))}, change fraction {runs[0].get('change_fraction')}, "
                        f"checkpoint interval {runs[0].get('interval')}.")
         out.append(f"\n### Results ({nrounds} run(s); median, per-run values in brackets)\n" + w3_table(results))
-        out.append("\n### Issue-13 targets\n" + w3_targets(results))
+        out.append("\n### W3 targets\n" + w3_targets(results))
     else:
         out.append("### Settings\n" + _quoted_doc("latency.py")
                    + "\nPyFlink: not measured (bench/latency.py has no PyFlink runner).")

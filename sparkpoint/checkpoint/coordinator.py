@@ -15,7 +15,7 @@ Lifecycle of one checkpoint
    `storage.initialize_location(id)`. An id collision (a `chk-<id>/` left by a crashed
    run, seed 002) skips to a fresh id. Any error of the counter or of storage fails the
    trigger as IO_EXCEPTION (LEASE_LOST if fenced). If the trigger expired or was aborted
-   while storage was busy (hung storage: issue 9 #17), it is never started: its failure
+   while storage was busy (a hung storage call), it is never started: its failure
    was reported at the deadline, and the directory, if created late, is removed. Else
    the attempt is registered and `gateway.trigger` asks for the barrier.
 3. Acks and declines arrive from any thread. Messages for attempts that are over, or
@@ -41,7 +41,7 @@ Lifecycle of one checkpoint
    logs it and raises the alarm; `gateway.abort` stops its writers (never before its
    `gateway.trigger` returned), and only when that future completes are its files
    deleted (seed 000): with `SupportsDiscardAborted` storage also the shared files its
-   handles reference that nothing kept references (issue 9 #18).
+   handles reference that nothing kept references (else they would stay until garbage collection).
 
 Threads and locks
 -----------------
@@ -409,7 +409,7 @@ class CheckpointCoordinator:
             refusal = self._precheck(props)
             if refusal is None:
                 # In flight from here on (max concurrent), and its timeout runs from now:
-                # a trigger stalled in storage expires like any checkpoint (issue 9 #17).
+                # a trigger stalled in storage expires like any checkpoint, never later.
                 self._triggering.add(attempt)
                 attempt.expiry = self._scheduler.schedule(self.config.timeout_ms,
                                                           lambda: self._expire(attempt))
@@ -953,7 +953,7 @@ class CheckpointCoordinator:
                      detail: str | None = None, delete_files: bool = True) -> None:
         """Everything after an attempt left `_pending`. Call without `_lock`. Whatever
         reporting raises, the writers are stopped, the files deleted and the future
-        completed (issue 9 #20)."""
+        completed: a raising callback must not leave files or an open future behind."""
         checkpoint_id = pending.checkpoint_id
         with self._lock:
             self._remember(checkpoint_id, f"aborted ({reason.name})")
@@ -1015,7 +1015,7 @@ class CheckpointCoordinator:
 
     def _discard_aborted(self, pending: PendingCheckpoint, handles: list[StateHandle]) -> None:
         """Its writers stopped: delete `chk-<id>/` and, if storage can, the shared files only
-        its handles reference (issue 9 #18)."""
+        its handles reference (else they stay until garbage collection)."""
         checkpoint_id = pending.checkpoint_id
         try:
             if handles and isinstance(self._storage, SupportsDiscardAborted):

@@ -129,8 +129,9 @@ class CheckpointFailureManager:
         return FailureVerdict(FailureOutcome.JOB_FAILED, count)
 
     def _call_fail_job(self, reason: CheckpointFailureReason, failure: BaseException) -> None:
-        """The callback's own error must not abort the caller half-way (issue 9 #20): the
-        coordinator still has to stop the checkpoint's writers and delete its files."""
+        """The callback's own error must not abort the caller half-way: the coordinator
+        still has to stop the checkpoint's writers and delete its files, or a failing job
+        also leaks them."""
         try:
             self._fail_job(reason, failure)
         except Exception:

@@ -138,8 +138,8 @@ class ThreadScheduler:
     checkpoint metadata are readable dates.
 
     The timer thread never runs a timer itself: a timer stuck in a hung storage call or
-    a slow callback must not hold up the others (issue 9 #17: a checkpoint's expiry
-    waited for a stalled trigger). Workers are started on demand and stop after
+    a slow callback must not hold up the others (a checkpoint's expiry
+    must not wait for a stalled trigger). Workers are started on demand and stop after
     `idle_s` without work. A periodic timer never runs twice at once: a run that falls
     due while the previous one is still running is skipped, and a periodic timer that
     falls behind skips the missed runs instead of firing back to back (a checkpoint

@@ -37,7 +37,8 @@ def _percentile(sorted_values: list[int], q: float) -> int | None:
 
 # Started checkpoints that ended without completing, but not because anything is wrong:
 # the coordinator stopped (clean end of a bounded run, failover, cancel) or a newer
-# checkpoint completed first. Shown as "aborted", never as "failed" (issue 9 #3).
+# checkpoint completed first. Shown as "aborted", never as "failed" (an operator
+# would otherwise chase failures that never happened).
 _NOT_A_FAILURE = frozenset({CheckpointFailureReason.COORDINATOR_SHUTDOWN,
                             CheckpointFailureReason.COORDINATOR_SUSPENDING,
                             CheckpointFailureReason.SUBSUMED})

@@ -34,7 +34,8 @@ class RestoreSteps:
         First every checkpoint in flight settles: pending ones are aborted, and one whose
         `_metadata` is being written finishes (and is committed) or is aborted before it,
         so the restore below sees the true latest checkpoint and no commit of a newer one
-        can land after the sink recovered to an older one (issue 9.4)."""
+        can land after the sink recovered to an older one (that commit would publish output the
+        restored state does not know of)."""
         self.coordinator.suspend_and_settle(self.settings.checkpoint_timeout_ms / 1000)
         self.gateway.abort_all_local()
         self.gateway.wait_idle()

@@ -1,4 +1,4 @@
-"""Issue 8 acceptance: run on a real Spark cluster.
+"""Run on a real Spark cluster.
 
 The job runs through the public CLI (`python -m sparkpoint.ops.cli run ...`) as a client-mode
 driver against a standalone master with two 1-core workers. `state.local.dir` is the workers'

@@ -1,4 +1,4 @@
-"""Shared pieces of the issue 4 and 9 end-to-end tests: one small keyed-aggregate job,
+"""Shared pieces of the storage-safety and seed end-to-end tests: one small keyed-aggregate job,
 its failure-free reference output (computed once per session: Spark starts are the
 expensive part on a small machine), reading what a job left in checkpoint storage (each
 subtask's state is a lineage: snapshot + change logs), killing a run at a chosen

@@ -1,4 +1,4 @@
-"""Issue 9 acceptance: one windowed job goes through everything at once and still
+"""One windowed job goes through everything at once and still
 commits exactly the failure-free run's output.
 
 Real `sparkpoint run` processes (real Spark, real RocksDB, local checkpoint storage):

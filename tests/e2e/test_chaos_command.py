@@ -1,4 +1,4 @@
-"""Issue 11.5 acceptance: `sparkpoint chaos examples/demo.py` passes.
+"""`sparkpoint chaos examples/demo.py` passes.
 
 A short variant: the demo reads DEMO_EVENTS (fewer events), `--set` checkpoints every
 second, two SIGKILLs. The command runs as a real subprocess; it starts the real

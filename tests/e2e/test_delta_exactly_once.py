@@ -1,4 +1,4 @@
-"""Issue 10 item 4 acceptance: a real pipeline process writing a Delta table is SIGKILLed
+"""A real pipeline process writing a Delta table is SIGKILLed
 three times at random moments (once right after a checkpoint completed, while its Delta
 commit may or may not have happened), restarted each time, and the table, read with
 delta-rs, holds exactly the failure-free run's rows: nothing lost, nothing duplicated.

@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: SIGKILL a real pipeline process at random moments (one of
+"""SIGKILL a real pipeline process at random moments (one of
 them inside a checkpoint's asynchronous part), restart it each time, and the
 committed output equals the failure-free run's: nothing lost, nothing duplicated."""
 

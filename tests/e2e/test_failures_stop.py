@@ -1,5 +1,5 @@
 """Errors that restarting cannot fix stop the job with one line and a non-zero exit
-(issue 12.1), as a user runs it: `sparkpoint run` at the default log level and the
+as a user runs it: `sparkpoint run` at the default log level and the
 default restart strategy, which used to restart such a job forever."""
 
 from __future__ import annotations

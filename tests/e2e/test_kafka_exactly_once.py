@@ -1,4 +1,4 @@
-"""Issue 5 acceptance: Kafka -> keyed running totals -> Kafka as real `sparkpoint run`
+"""Kafka -> keyed running totals -> Kafka as real `sparkpoint run`
 processes of examples/kafka_pipeline.py, SIGKILLed three times at random moments; the
 last run sees the broker restart while it reads, then the broker stopped while
 checkpoint commits are due, and is stopped with SIGTERM (a last checkpoint) once its output caught up.

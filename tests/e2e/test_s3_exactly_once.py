@@ -1,4 +1,4 @@
-"""Issue 4 acceptance: exactly-once with checkpoint storage on an S3 API (a moto server
+"""Exactly-once with checkpoint storage on an S3 API (a moto server
 on 127.0.0.1): a real pipeline process is SIGKILLed after it completed checkpoints on
 S3, restarted, and its committed output equals the failure-free run's."""
 

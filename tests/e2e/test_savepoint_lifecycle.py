@@ -1,4 +1,4 @@
-"""Issue 10's acceptance, with real processes and the CLI a person uses: a rate-limited
+"""Savepoints, stop and rescale with real processes and the CLI a person uses: a rate-limited
 windowed job at parallelism 2 is stopped with a savepoint (`sparkpoint stop
 --savepoint`), the savepoint is moved, the job starts from the moved copy at
 parallelism 3 (`--from-savepoint`), is SIGKILLed and rerun with the same command

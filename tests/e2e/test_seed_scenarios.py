@@ -1,4 +1,4 @@
-"""Issue 3 acceptance on real `sparkpoint run` processes: the seed scenarios that need a
+"""On real `sparkpoint run` processes: the seed scenarios that need a
 process to die. The in-process rehearsals of seeds 000, 001 and 003 (and the failover
 half of 002) are in tests/integration/test_failure_paths.py.
 

@@ -1,5 +1,5 @@
 """Ctrl-C / SIGTERM stop a job with a last checkpoint whose output is committed, so
-the next run resumes from it and says so; a second Ctrl-C cancels at once (issue 12.5)."""
+the next run resumes from it and says so; a second Ctrl-C cancels at once."""
 
 from __future__ import annotations
 

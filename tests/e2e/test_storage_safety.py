@@ -1,4 +1,4 @@
-"""Issue 4 acceptance: restarts, a shared directory, and bad disks cannot corrupt a job.
+"""Restarts, a shared directory, and bad disks cannot corrupt a job.
 
 Real `sparkpoint run` processes (real Spark, real RocksDB), SIGKILLed and restarted;
 every scenario ends by comparing the committed output with the failure-free run's.

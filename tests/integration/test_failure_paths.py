@@ -1,5 +1,5 @@
-"""Issue 3, "checkpoint failures never take the job down", rehearsed in-process on a
-real local SparkSession: each test runs a real windowed pipeline through the JobMaster
+"""Checkpoint failures never take the job down, rehearsed in-process on a real
+local SparkSession: each test runs a real windowed pipeline through the JobMaster
 with `sparkpoint.faults` rules (docs/faults.md), then checks what a user cares about:
 which checkpoints failed and why, whether the job restarted, and that the committed
 output equals the failure-free answer exactly (nothing lost, nothing twice).

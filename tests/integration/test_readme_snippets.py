@@ -1,4 +1,4 @@
-"""The README's Python examples run as written (issue 12.6): each ```python block is
+"""The README's Python examples run as written: each ```python block is
 saved as a pipeline file and run with `sparkpoint run`, only pointed at a temporary
 checkpoint and state directory. A pipeline over an endless source is stopped with
 SIGTERM once it has committed output; every block must end FINISHED with committed

@@ -1,6 +1,6 @@
 """The docs site builds without a warning (`mkdocs build --strict`: every page in the
 nav, every `::: sparkpoint...` reference resolves, links hold), and the configuration
-page is generated from sparkpoint/config.py as it is now (issue 12.6)."""
+page is generated from sparkpoint/config.py as it is now."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def _trigger_failed() -> Harness:
 
 
 def _expired_in_storage() -> Harness:
-    """A trigger stalled in storage past the timeout (issue 9 #17)."""
+    """A trigger stalled in storage past the timeout."""
     storage = StallingStorage()
     h = make_harness(storage=storage, timeout_ms=100)
     gate = storage.stall("initialize_location")
@@ -167,7 +167,7 @@ SCENARIOS: dict[R, Callable[[], Harness]] = {
 
 
 def _io_exception_unexpected_error() -> Harness:
-    """Not a StorageError: still typed (issue 9 #16)."""
+    """Not a StorageError: still typed."""
     ids = RaisingIdCounter()
     ids.error = RuntimeError("bug")
     h = make_harness(ids=ids)
@@ -187,7 +187,7 @@ def _trigger_failed_asking_the_gateway() -> Harness:
 
 
 def _suspended_before_metadata() -> Harness:
-    """Issue 9 #4: fully acknowledged, but suspended before its _metadata."""
+    """Fully acknowledged, but suspended before its _metadata."""
     h = make_harness()
     h.gateway.on_trigger = lambda call: h.coordinator.suspend_and_settle(1.0)
     h.trigger()

@@ -88,7 +88,7 @@ def test_thread_scheduler_now_is_epoch_milliseconds_that_never_go_back():
 
 
 def test_thread_scheduler_runs_other_timers_while_one_timer_is_stalled():
-    """Issue 9 #17: a timer stuck in a hung storage call must not hold up the others
+    """A timer stuck in a hung storage call must not hold up the others
     (another checkpoint's expiry fired only after the stall ended)."""
     scheduler = ThreadScheduler()
     release = threading.Event()

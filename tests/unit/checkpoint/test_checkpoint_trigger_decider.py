@@ -49,7 +49,7 @@ def test_min_pause_tells_the_periodic_timer_when_to_retry():
 
 
 def test_min_pause_applies_to_periodic_requests_only():
-    """Issue 9 #19 (Flink's CheckpointRequestDecider: `!isForce() && isPeriodic`)."""
+    """(Flink's CheckpointRequestDecider: `!isForce() && isPeriodic`)."""
     in_pause = replace(IDLE, last_completion_ms=9_900)
     assert decide_trigger(MANUAL, in_pause).start
     assert decide_trigger(MANUAL, replace(in_pause, pending_count=1)).refusal is R.TOO_MANY_CONCURRENT

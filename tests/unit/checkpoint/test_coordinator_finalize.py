@@ -176,13 +176,13 @@ def test_handles_already_acked_by_in_flight_checkpoints_are_kept_when_discarding
     assert handle_for(2, "job") in still_referenced
 
 
-# ---------------------------------------------------------------- issue 9 #18
+# ---------------------------------------------------------------- shared files of aborted checkpoints
 def _shared(checkpoint_id: int, participant: str) -> dict:
     return {"participant": participant, "shared": [f"shared/{participant}-{checkpoint_id}.sst"]}
 
 
 def test_shared_files_of_an_aborted_checkpoint_are_discarded_once_its_writers_stopped():
-    """Issue 9 #18: files an aborted checkpoint uploaded to shared/ used to wait for the
+    """Files an aborted checkpoint uploaded to shared/ used to wait for the
     start-up GC. Once the abort future says its writers stopped, the coordinator hands
     storage the handles it was acked with and everything that must be kept: retained
     checkpoints, other in-flight checkpoints, and the runtime's live references."""
@@ -249,7 +249,7 @@ def test_failed_discard_of_aborted_shared_files_is_logged_not_fatal(caplog):
 
 
 def test_live_references_are_kept_when_discarding_subsumed_checkpoints():
-    """Issue 9 #18: the runtime's live handles join `still_referenced` for subsumption too."""
+    """The runtime's live handles join `still_referenced` for subsumption too."""
     live = [{"participant": "state:count/0", "shared": ["shared/not-yet-checkpointed.sst"]}]
     h = make_harness(num_retained=1, live_references=lambda: live)
     h.complete(h.trigger())
@@ -300,9 +300,9 @@ def test_handles_of_a_checkpoint_waiting_to_finalize_are_kept_when_discarding():
     assert handle_for(3, "job") in discarded[1]
 
 
-# ---------------------------------------------------------------- issue 9 #20
+# ---------------------------------------------------------------- a raising fail-job callback
 def test_raising_fail_job_callback_does_not_stop_the_abort_half_way(caplog):
-    """Issue 9 #20: the fail-job callback raising used to leave the future open, the abort
+    """The fail-job callback raising used to leave the future open, the abort
     unsent and the files kept. Now the cleanup always runs and the error is logged."""
     def fail_job(reason, error):
         raise RuntimeError("job master is gone")
@@ -318,7 +318,7 @@ def test_raising_fail_job_callback_does_not_stop_the_abort_half_way(caplog):
 
 
 def test_abort_cleanup_runs_even_if_reporting_the_failure_raises():
-    """Issue 9 #20 at depth: whatever raises while reporting (a broken stats tracker
+    """Whatever raises while reporting (a broken stats tracker
     here), the future, the abort and the file deletion still happen."""
     h = make_harness()
 

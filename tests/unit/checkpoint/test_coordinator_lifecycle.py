@@ -123,7 +123,7 @@ def test_a_raising_alarm_listener_breaks_nothing(h, caplog):
 
 
 def test_shutdown_with_a_periodic_checkpoint_in_flight_reports_no_failed_checkpoint():
-    """Issue 9 #3: a clean bounded run ends with one periodic checkpoint in flight; its
+    """A clean bounded run ends with one periodic checkpoint in flight; its
     COORDINATOR_SHUTDOWN abort must not show up as a failed checkpoint anywhere the user
     looks (the progress line and the final summary print counted_failed; `failed` is in
     the summary's stats too)."""

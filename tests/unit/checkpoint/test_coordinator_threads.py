@@ -61,7 +61,7 @@ def test_checkpoints_complete_in_id_order_with_acks_from_many_threads():
 
 
 def test_expiry_of_a_checkpoint_fires_while_a_periodic_trigger_is_stalled_in_storage():
-    """Issue 9 #17 under the production scheduler: checkpoint 1 is running, the periodic
+    """Checkpoint 1 is running, the periodic
     trigger of checkpoint 2 hangs in storage on a timer, and checkpoint 1 must still
     expire on time (it used to wait until the stall ended)."""
     scheduler = ThreadScheduler()
@@ -87,7 +87,7 @@ def test_expiry_of_a_checkpoint_fires_while_a_periodic_trigger_is_stalled_in_sto
         scheduler.shutdown()
 
 
-# ---------------------------------------------------------------- issue 9 #4
+# ---------------------------------------------------------------- finalizing while a failover settles
 def _finalizing_harness():
     storage = StallingStorage()
     h = make_harness(storage=storage, max_concurrent=2)
@@ -110,7 +110,7 @@ def _in_thread(fn, *args):
 
 
 def test_suspend_and_settle_waits_for_a_finalization_already_writing_metadata():
-    """Issue 9 #4: the last ack has arrived, so checkpoint 1 has left the pending set and is
+    """The last ack has arrived, so checkpoint 1 has left the pending set and is
     writing `_metadata`. A failover's suspend_and_settle must not return before that
     finalization is over (metadata written, completed store updated, participants
     notified), so restore sees it and no commit runs behind restore's back."""
@@ -135,7 +135,7 @@ def test_suspend_and_settle_waits_for_a_finalization_already_writing_metadata():
 
 
 def test_suspend_and_settle_aborts_a_finalization_that_has_not_written_metadata():
-    """Issue 9 #4: checkpoint 2 is fully acknowledged but waits for checkpoint 1's
+    """Checkpoint 2 is fully acknowledged but waits for checkpoint 1's
     finalization; once suspended, it is aborted before its `_metadata` (not counted) and
     nothing completes until the scheduler starts again."""
     h, storage = _finalizing_harness()

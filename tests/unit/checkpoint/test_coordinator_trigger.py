@@ -106,7 +106,7 @@ def test_min_pause_moves_the_periodic_trigger_to_when_the_pause_ends():
 
 
 def test_manual_trigger_inside_the_min_pause_runs():
-    """Issue 9 #19: like Flink, the min pause applies to periodic triggers only; a manual
+    """Like Flink, the min pause applies to periodic triggers only; a manual
     (non-forced) request right after a completion starts at once."""
     h = make_harness(min_pause_ms=500)
     h.complete(h.trigger())
@@ -225,7 +225,7 @@ def test_trigger_after_the_storage_recovers_does_not_reuse_ids(h):
     assert h.gateway.triggered_ids == [2]
 
 
-# ---------------------------------------------------------------- issue 9 #16
+# ---------------------------------------------------------------- any trigger error is typed
 @pytest.mark.parametrize("where, error", [
     ("id_counter", RuntimeError("bug in the id counter")),
     ("id_counter", OSError(5, "Input/output error")),
@@ -233,7 +233,7 @@ def test_trigger_after_the_storage_recovers_does_not_reuse_ids(h):
     ("initialize_location", PermissionError("read-only file system")),
 ], ids=["counter-RuntimeError", "counter-OSError", "location-ValueError", "location-PermissionError"])
 def test_any_error_from_the_id_counter_or_storage_fails_the_trigger_as_a_typed_io_exception(where, error, caplog):
-    """Issue 9 #16: not only StorageError - any exception from the id counter or storage
+    """Not only StorageError - any exception from the id counter or storage
     while starting a checkpoint fails that trigger with IO_EXCEPTION, seen by the failure
     manager, stats and alarms, instead of escaping trigger_checkpoint raw."""
     ids, storage = RaisingIdCounter(), StallingStorage()
@@ -255,7 +255,7 @@ def test_any_error_from_the_id_counter_or_storage_fails_the_trigger_as_a_typed_i
 
 
 def test_error_asking_the_gateway_who_participates_fails_the_trigger_as_trigger_failed(h):
-    """Issue 9 #16, the gateway side of the same path: nothing escapes trigger_checkpoint."""
+    """The gateway side of the same path: nothing escapes trigger_checkpoint."""
     def broken() -> list[str]:
         raise RuntimeError("executor registry gone")
 
@@ -267,7 +267,7 @@ def test_error_asking_the_gateway_who_participates_fails_the_trigger_as_trigger_
     assert h.ids.get() == 1
 
 
-# ---------------------------------------------------------------- issue 9 #17
+# ---------------------------------------------------------------- a trigger stalled in storage
 def _trigger_in_thread(h, **kwargs):
     result: dict = {}
 
@@ -281,7 +281,7 @@ def _trigger_in_thread(h, **kwargs):
 
 @pytest.mark.parametrize("stalled", ["id_counter", "initialize_location"])
 def test_trigger_stalled_in_storage_expires_and_never_reaches_the_participants(stalled):
-    """Issue 9 #17: the timeout is armed before any storage work. A trigger whose id
+    """The timeout is armed before any storage work. A trigger whose id
     counter or directory creation hangs past the timeout fails EXPIRED (counted, alarmed)
     at the deadline, while storage is still hung; when storage finally answers, the
     barrier is never sent and the unused directory is removed."""
@@ -314,7 +314,7 @@ def test_trigger_stalled_in_storage_expires_and_never_reaches_the_participants(s
 
 
 def test_a_stalled_trigger_counts_as_in_flight_so_triggers_do_not_pile_up_behind_it():
-    """Issue 9 #17 (Flink: one trigger at a time, further requests queued): while a trigger
+    """(Flink: one trigger at a time, further requests queued): while a trigger
     waits for storage, a periodic trigger is queued, a manual one refused as too many."""
     storage = StallingStorage()
     h = make_harness(storage=storage, max_concurrent=1, timeout_ms=5000)
@@ -334,7 +334,7 @@ def test_a_stalled_trigger_counts_as_in_flight_so_triggers_do_not_pile_up_behind
 
 
 def test_a_trigger_waiting_behind_a_stalled_trigger_returns_at_its_deadline():
-    """Issue 9 #17: a forced trigger queued behind a hung storage call is not stuck with
+    """A forced trigger queued behind a hung storage call is not stuck with
     it: its caller gets an EXPIRED future at the deadline, and it never starts."""
     storage = StallingStorage()
     h = make_harness(storage=storage, timeout_ms=5000)
@@ -357,7 +357,7 @@ def test_a_trigger_waiting_behind_a_stalled_trigger_returns_at_its_deadline():
 
 
 def test_stopping_the_scheduler_aborts_a_trigger_stalled_in_storage():
-    """Issue 9 #17 + #4: a trigger still in storage when the job leaves RUNNING is aborted
+    """A trigger still in storage when the job leaves RUNNING is aborted
     (not counted) and never reaches the participants."""
     storage = StallingStorage()
     h = make_harness(storage=storage)

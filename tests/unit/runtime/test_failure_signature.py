@@ -1,4 +1,4 @@
-"""Finding the user's exception in the text Spark hands back (issue 12.1)."""
+"""Finding the user's exception in the text Spark hands back."""
 
 from __future__ import annotations
 

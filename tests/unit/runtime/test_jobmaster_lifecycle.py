@@ -1,5 +1,5 @@
 """JobMaster's life cycle without Spark: a set-up that fails half-way leaves no lease
-behind (issue 9.12), and SIGUSR1 only hands the request to another thread (9.6)."""
+behind, and SIGUSR1 only hands the request to another thread."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class RecordingSink(ParquetSink):
 
 
 def test_a_run_fenced_out_before_it_restores_never_touches_the_sinks_output(tmp_path):
-    """Issue 9.7: a run that lost its lease must not recover (delete staged output of)
+    """A run that lost its lease must not recover (delete staged output of)
     the sink the new holder uses."""
     from sparkpoint.errors import LeaseLostError
     from sparkpoint.storage.lease import LeaseRecord

@@ -1,4 +1,4 @@
-"""What the lease tells a user (issue 12.5): a live holder is running and is stopped,
+"""What the lease tells a user: a live holder is running and is stopped,
 not waited for; a dead holder on this host is dead and the next run takes over at once."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9.13: what a checkpoint or a commit relies on is on disk before it is
+"""What a checkpoint or a commit relies on is on disk before it is
 referenced: uploaded state files and staged Parquet output are fsynced (file and
 directory), and an upload is atomic (a file at a content address is whole)."""
 

@@ -100,7 +100,7 @@ def test_holder_that_cannot_renew_stops_committing_before_anyone_may_take_over(j
 
 def test_a_storage_outage_longer_than_the_ttl_only_pauses_commits_and_the_run_takes_its_lease_back(
         job, clock) -> None:
-    """Issue 9.1: an outage of 2x the ttl with nobody taking over must not end the run."""
+    """An outage of 2x the ttl with nobody taking over must not end the run."""
     fs, layout = job
     faulty = FaultyStorageFS(fs)
     holder = JobLease(faulty, layout, run_id="a", ttl_s=30, clock=clock)
