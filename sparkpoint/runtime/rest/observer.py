@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from sparkpoint.checkpoint.alarms import CheckpointFailureEvent
+from sparkpoint.redaction import mask_url
 from sparkpoint.runtime.status import JobStatus
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,12 @@ _LAG_CACHE_S = 1.0  # a file source's lag lists a directory: not on every reques
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _shown(text: str | None) -> str | None:
+    # Error texts often quote the storage URL they failed on, credentials included, and
+    # the read-only views are open to every local user.
+    return mask_url(text) if text else text
 
 
 class JobObserver:
@@ -54,10 +61,10 @@ class JobObserver:
             if new is JobStatus.FAILING:
                 self._failover_count += 1
                 self._failovers.append({"timestamp": now, "kind": "failover",
-                                        "exception": _summary(error), "epoch": self.job.epoch})
+                                        "exception": _shown(_summary(error)), "epoch": self.job.epoch})
             elif new is JobStatus.FAILED:
                 self._failovers.append({"timestamp": now, "kind": "job failed",
-                                        "exception": _summary(error), "epoch": self.job.epoch})
+                                        "exception": _shown(_summary(error)), "epoch": self.job.epoch})
             if new.terminal:
                 self.end_time_ms = now
 
@@ -66,7 +73,7 @@ class JobObserver:
             self._alarms.append({"timestamp": event.timestamp_ms, "checkpoint_id": event.checkpoint_id,
                                  "reason": event.reason.name, "message": event.reason.message,
                                  "action": event.reason.action, "participant": event.participant,
-                                 "error": event.error_summary, "counted": event.counted,
+                                 "error": _shown(event.error_summary), "counted": event.counted,
                                  "consecutive_failures": event.consecutive_failures,
                                  "threshold": event.threshold})
 

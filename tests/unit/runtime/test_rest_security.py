@@ -127,3 +127,28 @@ def test_a_savepoint_anywhere_else_is_refused(tmp_path, target):
     root = f"s3://bucket/chk" if target.startswith("s3://") else str(chk)
     with pytest.raises(ConfigError, match="allowed-targets"):
         check_target(target.format(chk=chk, link=chk / "link"), root, [])
+
+
+def test_the_exceptions_view_shows_no_credentials_of_a_failure_or_an_alarm() -> None:
+    from types import SimpleNamespace
+
+    from sparkpoint.checkpoint.alarms import CheckpointFailureEvent
+    from sparkpoint.checkpoint.reasons import CheckpointFailureReason
+    from sparkpoint.runtime.rest.observer import JobObserver
+    from sparkpoint.runtime.status import JobStatus
+
+    listeners: list = []
+    alarms: list = []
+    job = SimpleNamespace(epoch=3, status=SimpleNamespace(add_listener=listeners.append),
+                          coordinator=SimpleNamespace(alarms=SimpleNamespace(
+                              register=lambda f: alarms.append(f) or (lambda: None))))
+    observer = JobObserver(job)
+    secret_url = "s3://AKIAEXAMPLE:wJalrSECRETKEY@bucket/chk/_metadata"
+    listeners[0](JobStatus.RUNNING, JobStatus.FAILING, OSError(f"cannot read {secret_url}"))
+    alarms[0](CheckpointFailureEvent(
+        job_name="j", checkpoint_id=4, reason=CheckpointFailureReason.IO_EXCEPTION, participant=None,
+        error_summary=f"StorageError: write of {secret_url} failed", counted=True,
+        consecutive_failures=1, threshold=10, timestamp_ms=0))
+    shown = str(observer.exceptions())
+    assert "wJalrSECRETKEY" not in shown and "AKIAEXAMPLE" not in shown
+    assert "bucket/chk/_metadata" in shown  # still says which file
