@@ -15,42 +15,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from failure_support import settings
-from sparkpoint import FileSource, ParquetSink, Pipeline, ProcessorOperator, StatefulProcessor
+from sparkpoint import FileSource, ParquetSink, Pipeline, ProcessorOperator
 from sparkpoint.runtime.jobmaster import JobMaster
 from sparkpoint.testing import ProcessorTester
 from sparkpoint.testing.harness_keys import key_groups
 from tests.e2e.harness import read_output
+from tests.sessionize import Sessionize
 
 pytestmark = pytest.mark.spark
 
-GAP_MS = 30_000
 FILES = 6
 SCHEMA = "key BIGINT, session_start BIGINT, session_end BIGINT, events BIGINT"
 
 
-class Sessionize(StatefulProcessor):
-    """The README's processor, as written there."""
-
-    def init(self, handle):
-        self.handle = handle
-        self.session = handle.getValueState("session", "first BIGINT, last BIGINT, events BIGINT")
-
-    def handleInputRows(self, key, rows, timerValues):
-        first, last, events = self.session.get() if self.session.exists() else (None, None, 0)
-        for pdf in rows:
-            first = int(pdf["ts"].min()) if first is None else min(first, int(pdf["ts"].min()))
-            last = int(pdf["ts"].max()) if last is None else max(last, int(pdf["ts"].max()))
-            events += len(pdf)
-        for timer in self.handle.listTimers():
-            self.handle.deleteTimer(timer)
-        self.handle.registerTimer(last + GAP_MS)
-        self.session.update((first, last, events))
-        return iter(())
-
-    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
-        first, last, events = self.session.get()
-        self.session.clear()
-        yield pd.DataFrame({"key": [key[0]], "session_start": [first], "session_end": [last], "events": [events]})
 
 
 def write_input(directory: Path) -> list[Path]:
