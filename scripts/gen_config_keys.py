@@ -54,9 +54,16 @@ def _comments() -> dict[str, str]:
     return out
 
 
+def _memory_fields() -> set[str]:
+    return {f for dec in Settings.__pydantic_decorators__.field_validators.values()
+            if dec.func.__name__ == "_memory_size" for f in dec.info.fields}
+
+
 def _kind(name: str, annotation, durations: set[str]) -> str:
     if name in durations:
         return "duration (bare number: ms)"
+    if name in _memory_fields():
+        return "memory size (`256 mb`, `1 gb`; bare number: bytes)"
     if typing.get_origin(annotation) is typing.Literal:
         return "one of " + ", ".join(f"`{a}`" for a in typing.get_args(annotation))
     base = annotation
@@ -109,6 +116,8 @@ def render() -> str:
         default = f.default if f.default_factory is None else f.default_factory()
         if name in durations and isinstance(default, int):
             shown = f"`{_duration(default)}`"
+        elif name in _memory_fields():
+            shown = f"`{default >> 20} mb`"
         else:
             shown = "" if default is None else f"`{default!r}`".replace("|", "\\|")
         what = (comments.get(name) or DESCRIPTIONS.get(f.alias, "")).replace("|", "\\|")

@@ -40,6 +40,28 @@ def parse_duration_ms(value: Any) -> int:
     return int(float(m.group(1)) * _UNITS_MS[m.group(2).lower()])
 
 
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_UNITS_BYTES = {
+    "": 1, "b": 1, "bytes": 1,
+    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "kibibytes": 1 << 10,
+    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20, "mebibytes": 1 << 20,
+    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "gibibytes": 1 << 30,
+    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40, "tebibytes": 1 << 40,
+}
+
+
+def parse_memory_bytes(value: Any) -> int:
+    """Flink-style memory sizes: 268435456 (bytes), "256 mb", "1g" (units of 1024)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a memory size such as '256 mb' or '1 gb'")
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = _MEMORY_RE.match(str(value))
+    if not m or m.group(2).lower() not in _UNITS_BYTES:
+        raise ValueError(f"{value!r} is not a memory size; use e.g. '256 mb', '1 gb'")
+    return int(float(m.group(1)) * _UNITS_BYTES[m.group(2).lower()])
+
+
 # Duration keys where a bare number below the threshold (ms) is almost surely seconds
 # written without a unit: Flink reads bare numbers as ms, so `timeout: 30` is 30 ms and
 # every checkpoint expires. Short restart delays and pauses are plausible; not listed.
@@ -141,6 +163,54 @@ class Settings(_Model):
     recovery_path: str | None = Field(None, alias="execution.state-recovery.path")
     recovery_claim_mode: Literal["NO_CLAIM"] = Field("NO_CLAIM", alias="execution.state-recovery.claim-mode")
     lease_ttl_ms: int = Field(15_000, alias="sparkpoint.lease.ttl")
+
+    # -- state memory per Spark Python worker (Flink's state.backend.rocksdb.memory.*) --
+    # Bound the state memory of each Spark Python worker (outside Spark's accounting) by
+    # one shared block cache, write-buffer manager and read-cache budget; false: each
+    # store unbounded (2 x 32 MB memtables, a read cache of up to 1M entries).
+    rocksdb_memory_managed: bool = Field(True, alias="state.backend.rocksdb.memory.managed")
+    # The state memory of one Spark Python worker (one task slot): RocksDB's block cache
+    # and memtables and sparkpoint's read cache of every store it keeps open, together.
+    # An executor needs this times its task slots (docs/memory.md).
+    rocksdb_memory_per_slot: int = Field(256 << 20, alias="state.backend.rocksdb.memory.fixed-per-slot")
+    # The share of RocksDB's memory (after the read cache) that memtables may take (Flink's key).
+    rocksdb_write_buffer_ratio: float = Field(0.5, alias="state.backend.rocksdb.memory.write-buffer-ratio")
+    # The share of fixed-per-slot for committed values sparkpoint keeps in Python (read
+    # cache, shared by the worker's stores); 0 turns the read cache off.
+    rocksdb_read_cache_ratio: float = Field(0.25, alias="state.backend.rocksdb.memory.read-cache-ratio")
+    # Subtask stores one worker keeps open between epochs at most (the least recently used
+    # is closed); 0 closes every store after its task.
+    rocksdb_kept_stores: int = Field(8, alias="state.backend.rocksdb.memory.kept-stores")
+
+    @field_validator("rocksdb_memory_per_slot", mode="before")
+    @classmethod
+    def _memory_size(cls, v: Any) -> int:
+        v = parse_memory_bytes(v)
+        if v < 16 << 20:
+            raise ValueError("must be at least 16 mb (RocksDB needs a few MB per open store)")
+        return v
+
+    @field_validator("rocksdb_write_buffer_ratio")
+    @classmethod
+    def _open_ratio(cls, v: float) -> float:
+        if not 0 < v < 1:
+            raise ValueError("must be between 0 and 1 (exclusive)")
+        return v
+
+    @field_validator("rocksdb_read_cache_ratio")
+    @classmethod
+    def _ratio(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError("must be at least 0 and less than 1")
+        return v
+
+    @field_validator("rocksdb_kept_stores")
+    @classmethod
+    def _kept_stores(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("must be 0 or more")
+        return v
+    # -- end of state memory --------------------------------------------------------
 
     # -- runtime -------------------------------------------------------------------
     spark_master: str = Field("local[2]", alias="spark.master")

@@ -72,6 +72,7 @@ from sparkpoint.runtime.executor.store_opening import EpochInput, slice_identity
 from sparkpoint.runtime.executor.subtask import EpochTask, OutputStep
 from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.storage_setup import open_job_storage
+from sparkpoint.state.memory import StateMemory
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             settings.checkpoint_dir)
         local = job_local_root(settings.local_state_dir, self.job_name, checkpoints)
         self.local_root = os.path.abspath(local) if settings.spark_master.startswith("local") else local
+        self.state_memory = StateMemory.from_settings(settings)  # each Python worker's, shipped with its tasks
         self.status = JobStatusTracker()
         self.run_id = uuid.uuid4().hex[:12]
         self._spark = spark
@@ -615,7 +617,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                              self.output_step,
                              self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]),
                              savepoint_to=self._savepoint_target(savepoint),
-                             epoch_input=EpochInput(self.lineages.generation, slice_identity(plan.start, plan.end)))
+                             epoch_input=EpochInput(self.lineages.generation, slice_identity(plan.start, plan.end)),
+                             memory=self.state_memory)
         wm_col = self.pipeline.watermark_.column if self.pipeline.watermark_ else None
         result = run_epoch(self._spark, df, task, self.output_step, wm_col, epoch, self._worker_order)
         self._worker_order = result.worker_order

@@ -192,7 +192,8 @@ class RestoreSteps:
                                          f"{self.operator.name} does not cover every key group")
         self.lineages.reset_empty()
         epoch = int(data.handles[JOB]["epoch"])
-        task = RescaleTask(self.local_root, source, self.storage_ref, old, self.lineages.for_tasks(), epoch)
+        task = RescaleTask(self.local_root, source, self.storage_ref, old, self.lineages.for_tasks(), epoch,
+                           memory=self.state_memory)
         log.info("job %s re-cuts the state of %s from %d subtask(s) into %d", self.job_name, self.operator.name,
                  len(old), self.P)
         try:
@@ -214,7 +215,7 @@ class RestoreSteps:
         from sparkpoint.runtime.stage import restore_state
 
         task = RestoreTask(self.local_root, self.storage_ref, self.lineages.for_tasks(),
-                           generation=self.lineages.generation)
+                           generation=self.lineages.generation, memory=self.state_memory)
         try:
             reports = restore_state(self._spark, task, self.P)
         except Exception as e:

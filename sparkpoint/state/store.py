@@ -28,6 +28,7 @@ import rocksdict
 
 from sparkpoint.errors import ForeignCheckpointError, StaleStateError
 from sparkpoint.state.keys import META_PREFIX, meta_key
+from sparkpoint.state.memory import ENTRY_OVERHEAD, WorkerMemory
 
 FORMAT_NAME = "sparkpoint-state"
 FORMAT_VERSION = 1
@@ -70,14 +71,20 @@ class StoreOptions:
     # Committed values this process has read or written, answered without RocksDB: an
     # open store is only ever written by its own process (RocksDB's LOCK), so they stay
     # true until it closes. W1 reads and rewrites the same ~50k keys per subtask every
-    # epoch; RocksDB point gets were ~40% of its state work. Cleared when full
-    # (~150 bytes per entry: 1M entries is ~150 MB at most).
+    # epoch; RocksDB point gets were ~40% of its state work. Cleared when full. Opened
+    # with a worker's shared memory (state.memory), the cache is bounded by that
+    # worker's read-cache bytes instead, together with its other stores' caches.
     read_cache_entries: int = 1_000_000
 
-    def to_rocksdict(self) -> rocksdict.Options:
+    def to_rocksdict(self, shared: WorkerMemory | None = None) -> rocksdict.Options:
+        """The store's options; with `shared`, its block cache and write-buffer manager
+        (every store of the worker within one budget)."""
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(True)
-        opts.set_write_buffer_size(self.write_buffer_size_mb * 1024 * 1024)
+        write_buffer = self.write_buffer_size_mb * 1024 * 1024
+        if shared is not None:
+            write_buffer = shared.memory.write_buffer_size(write_buffer)
+        opts.set_write_buffer_size(write_buffer)
         opts.set_max_write_buffer_number(self.max_write_buffer_number)
         opts.set_max_background_jobs(self.max_background_jobs)
         opts.set_compression_type({
@@ -99,6 +106,13 @@ class StoreOptions:
         opts.set_memtable_whole_key_filtering(True)
         table = rocksdict.BlockBasedOptions()
         table.set_bloom_filter(self.bloom_bits_per_key, False)
+        if shared is not None and shared.block_cache is not None:
+            opts.set_write_buffer_manager(shared.write_buffers)
+            table.set_block_cache(shared.block_cache)
+            # Index and filter blocks inside the budget too (else every open SST file
+            # holds its own, unbounded); level 0's stay pinned, as Flink does.
+            table.set_cache_index_and_filter_blocks(True)
+            table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         opts.set_block_based_table_factory(table)
         return opts
 
@@ -175,9 +189,11 @@ class SubtaskStateStore:
     another operator's state; `StaleStateError` if it holds another key-group range or
     max parallelism, or is missing while `create=False`."""
 
-    def __init__(self, path: str, db: rocksdict.Rdict, fmt: StoreFormat, options: StoreOptions):
+    def __init__(self, path: str, db: rocksdict.Rdict, fmt: StoreFormat, options: StoreOptions,
+                 shared: WorkerMemory | None = None):
         self.path = path
         self.format = fmt
+        self.shared = shared  # the worker's memory this store counts against (None: unbounded)
         self._db = db
         self._options = options
         self._overlay = _Overlay()
@@ -188,14 +204,16 @@ class SubtaskStateStore:
     @classmethod
     def open(cls, path: str, *, create: bool = True, operator: str | None = None,
              key_groups: range | None = None, max_parallelism: int | None = None,
-             options: StoreOptions = StoreOptions()) -> "SubtaskStateStore":
+             options: StoreOptions = StoreOptions(), shared: WorkerMemory | None = None) -> "SubtaskStateStore":
+        """`shared`: the worker's memory budget (state.memory.worker_memory); without
+        it the store's memory is bounded only by `options`, per store."""
         exists = os.path.exists(os.path.join(path, "CURRENT"))
         if not exists and not create:
             raise StaleStateError(f"no local state at {path}; the driver must restore this subtask "
                                   "from a checkpoint before running it")
         os.makedirs(path, exist_ok=True)
         try:
-            db = rocksdict.Rdict(path, options.to_rocksdict())
+            db = rocksdict.Rdict(path, options.to_rocksdict(shared))
         except Exception as e:  # rocksdict raises bare Exception for corruption / lock errors
             # Corrupt local files (seed 003: "Bad table magic number") must not kill the
             # job: StaleStateError makes the driver restore this subtask from a checkpoint.
@@ -210,13 +228,28 @@ class SubtaskStateStore:
         except Exception:
             db.close()
             raise
-        return cls(path, db, fmt, options)
+        return cls(path, db, fmt, options, shared)
 
     def close(self) -> None:
         """Close without committing: uncommitted writes of this epoch are dropped; the
         committed epochs are flushed to disk (they may be in the memtable only)."""
         self._overlay = _Overlay()
+        self.clear_cache()
+        if self.shared is not None:
+            self.shared.read_cache.release(self)
         self._db.close()  # rocksdict's close flushes the memtables first
+
+    def flush_memtables(self) -> None:
+        """Write the committed epochs in the memtables to SST files and free them (a
+        store kept idle while the worker's write buffers are over their limit)."""
+        self._db.flush(wait=True)
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def cache_bytes(self) -> int:
+        """What the read cache holds, counted as `_remember` charges it."""
+        return _entry_bytes(self._cache)
 
     def __enter__(self) -> "SubtaskStateStore":
         return self
@@ -294,6 +327,12 @@ class SubtaskStateStore:
         self._db.put(_LINEAGE_KEY, json.dumps(lineage, sort_keys=True).encode(), self._options.write_options())
 
     def _remember(self, committed: dict[bytes, bytes | None]) -> None:
+        if self.shared is not None and self.shared.memory.managed:
+            if self.shared.read_cache.charge(self, _entry_bytes(committed)):
+                self._cache.update(committed)
+            else:
+                self._cache.clear()
+            return
         if len(self._cache) + len(committed) > self._options.read_cache_entries:
             self._cache.clear()
             if len(committed) > self._options.read_cache_entries:
@@ -434,6 +473,13 @@ class SubtaskStateStore:
 
 
 # -- helpers ----------------------------------------------------------------------------
+def _entry_bytes(entries: dict[bytes, bytes | None]) -> int:
+    """Memory `entries` take in a read cache: keys, values and per-entry overhead (an
+    overwrite counts again; the budget counts exactly before it evicts anything)."""
+    return (sum(map(len, entries)) + sum(map(len, filter(None, entries.values())))
+            + ENTRY_OVERHEAD * len(entries))
+
+
 def _drain(calls: Iterator) -> None:
     collections.deque(calls, maxlen=0)
 

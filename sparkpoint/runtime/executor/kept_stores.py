@@ -19,6 +19,11 @@ taken again. A handle whose directory was replaced is never read, and is closed 
 with the new directory moved aside (`_abandon`): closing flushes its memtable by file
 name into whatever directory is now at that path, over the new store's files.
 
+Kept stores count against the worker's state memory (sparkpoint.state.memory): at most
+`state.backend.rocksdb.memory.kept-stores` of them stay open, and while the worker's
+write buffers are over their limit the memtables of idle stores are flushed, least
+recently used first (RocksDB itself flushes only the store being written to).
+
 A store directory is removed (`remove`, before a rebuild) only while this process holds
 RocksDB's lock on it: never while another worker has it open. A release that times out
 fails the task (LocalStateHeldError) instead of going ahead.
@@ -40,7 +45,7 @@ from sparkpoint.state.store import SubtaskStateStore
 
 log = logging.getLogger(__name__)
 
-MAX_KEPT = 8            # stores one worker keeps open at most (the least recently used goes)
+MAX_KEPT = 8            # stores kept open at most, for stores opened without a worker budget
 IDLE_CLOSE_S = 120.0    # a store no task used for this long is closed (e.g. its job ended)
 POLL_S = 0.01           # how often the watcher looks for release requests
 RELEASE_TIMEOUT_S = 60.0
@@ -114,9 +119,11 @@ def keep(db_dir: str, store: SubtaskStateStore) -> None:
             _close(db_dir, store)
             return
         _kept[db_dir] = _Kept(store, identity, time.monotonic())
-        while len(_kept) > MAX_KEPT:
+        limit = store.shared.memory.kept_stores if store.shared is not None else MAX_KEPT
+        while len(_kept) > limit:
             oldest = min(_kept, key=lambda d: _kept[d].since)
             _close(oldest, _kept.pop(oldest).store)
+        _shed_write_buffers(store)
         if _watcher is None or not _watcher.is_alive():
             _watcher = threading.Thread(target=_watch, name="sparkpoint-kept-stores", daemon=True)
             _watcher.start()
@@ -199,6 +206,24 @@ def _watch() -> None:
             for db_dir in list(_kept):
                 if _requested(db_dir) or now - _kept[db_dir].since > IDLE_CLOSE_S:
                     _close(db_dir, _kept.pop(db_dir).store)
+
+
+def _shed_write_buffers(store: SubtaskStateStore) -> None:
+    """Flush idle stores' memtables, least recently used first, while the worker's
+    write buffers are over their limit. Holds _lock."""
+    shared = store.shared
+    if shared is None or not shared.over_write_buffer_limit():
+        return
+    for db_dir in sorted(_kept, key=lambda d: _kept[d].since):
+        kept = _kept[db_dir].store
+        if kept.shared is not shared:
+            continue
+        try:
+            kept.flush_memtables()
+        except Exception as e:  # a store whose files were deleted under it: it is never used again
+            log.debug("flushing the idle state at %s: %s", db_dir, e)
+        if not shared.over_write_buffer_limit():
+            return
 
 
 def _abandon(db_dir: str, store: SubtaskStateStore) -> None:

@@ -23,13 +23,14 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from sparkpoint.state.changelog import Lineage
 from sparkpoint.state.keys import META_PREFIX
+from sparkpoint.state.memory import StateMemory
 from sparkpoint.state.store import SubtaskStateStore
 
 _BATCH = 50_000
@@ -46,6 +47,7 @@ class RescaleTask:
     old: dict[int, Lineage]
     new: dict[int, Lineage]  # empty lineages with the new key-group ranges
     epoch: int
+    memory: StateMemory = field(default=StateMemory(), kw_only=True)  # state.backend.rocksdb.memory.*
 
     def __call__(self, table: pa.Table) -> pa.Table:
         from sparkpoint.runtime.executor import kept_stores
@@ -63,11 +65,12 @@ class RescaleTask:
         lo, hi = new.key_groups
         src_fs, src_layout = self.source.open()
         scratch = os.path.join(self.local_root, new.operator, f"rescale-{j}-{uuid.uuid4().hex[:8]}")
-        state = SubtaskState(self.local_root, new, *self.target.open())
+        state = SubtaskState(self.local_root, new, *self.target.open(), self.memory)
         kept_stores.remove(state.db_dir)  # a worker may keep the old store of subtask j open
         shutil.rmtree(subtask_dir(self.local_root, new.operator, j), ignore_errors=True)
         store = SubtaskStateStore.open(state.db_dir, create=True, operator=new.operator,
-                                       key_groups=range(lo, hi), max_parallelism=new.max_parallelism)
+                                       key_groups=range(lo, hi), max_parallelism=new.max_parallelism,
+                                       shared=state.shared_memory())
         keys_copied, downloaded, sources = 0, 0, []
         try:
             for i, old in sorted(self.old.items()):
@@ -75,7 +78,7 @@ class RescaleTask:
                 if o_hi <= lo or o_lo >= hi:
                     continue
                 sources.append(i)
-                src = SubtaskState(scratch, old, src_fs, src_layout)
+                src = SubtaskState(scratch, old, src_fs, src_layout, self.memory)
                 try:
                     old_store = src.open(old.epoch + 1, trust_local=False)
                     downloaded += src.report.bytes_downloaded

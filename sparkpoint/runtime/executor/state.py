@@ -37,6 +37,7 @@ from sparkpoint.state.changelog import (
     state_participant_path,
 )
 from sparkpoint.state.keys import key_group_range
+from sparkpoint.state.memory import StateMemory, worker_memory
 from sparkpoint.state.snapshot import SnapshotFile, SnapshotHandleIndex, check_local_file
 from sparkpoint.state.store import SubtaskStateStore
 from sparkpoint.storage.fs import StorageFS
@@ -75,8 +76,12 @@ class SubtaskState:
     """One subtask's state for one task. `open()` then either `retried_output()` or
     `commit(...)`, then `close()`."""
 
-    def __init__(self, local_root: str, lineage: Lineage, fs: StorageFS, layout: JobLayout):
+    def __init__(self, local_root: str, lineage: Lineage, fs: StorageFS, layout: JobLayout,
+                 memory: StateMemory | None = None):
+        """`memory`: the worker's state memory budget (None: each store unbounded, for
+        tools that open one store in their own process)."""
         self.lineage = lineage
+        self.memory = memory
         self.fs = fs
         self.layout = layout
         self.dir = subtask_dir(local_root, lineage.operator, lineage.subtask)
@@ -119,6 +124,9 @@ class SubtaskState:
             self._label(given.generation)
         return self.store
 
+    def shared_memory(self):
+        return worker_memory(self.memory) if self.memory is not None else None
+
     @property
     def _generation(self) -> str | None:
         return self.given.generation if self.given is not None else None
@@ -135,7 +143,8 @@ class SubtaskState:
     def _open_store(self, create: bool) -> SubtaskStateStore:
         kept_stores.release(self.db_dir)  # another worker of this executor may keep it open
         store = SubtaskStateStore.open(self.db_dir, create=create, operator=self.lineage.operator,
-                                       key_groups=self._key_groups(), max_parallelism=self.lineage.max_parallelism)
+                                       key_groups=self._key_groups(), max_parallelism=self.lineage.max_parallelism,
+                                       shared=self.shared_memory())
         kept_stores.opened(self.db_dir)
         return store
 

@@ -36,6 +36,7 @@ from sparkpoint.state.interfaces import (
     EpochContext,
     StatefulOperator,
 )
+from sparkpoint.state.memory import StateMemory
 
 META_SUBTASK = "__meta_subtask"
 META_ROWS = "__meta_rows"
@@ -105,6 +106,7 @@ class EpochTask:
     # The generation and slice the driver planned this epoch in: what proves a retry,
     # and which local stores may be used at all (executor/store_opening.py).
     epoch_input: EpochInput = field(kw_only=True)
+    memory: StateMemory = field(default=StateMemory(), kw_only=True)  # state.backend.rocksdb.memory.*
 
     def __call__(self, table: pa.Table) -> pa.Table:
         """`run` for rows grouped as `groupBy(__subtask)` hands them: the subtask is the
@@ -142,7 +144,7 @@ class EpochTask:
         ctx = EpochContext(self.epoch, subtask, self.parallelism, self.max_parallelism, self.watermark_ms,
                            self.processing_time_ms, self.final, self.checkpoint_id)
         fs, layout = self.storage.open(self.checkpoint_id)
-        state = SubtaskState(self.local_root, self.lineages[subtask], fs, layout)
+        state = SubtaskState(self.local_root, self.lineages[subtask], fs, layout, self.memory)
         committed = False
         phases = info["phase_ms"] = {}  # where the task's time went (bench/w1_epoch_profile.py)
         mark = time.perf_counter()
@@ -232,6 +234,7 @@ class RestoreTask:
     # The generation the restore begins: the stores rebuilt here are labelled with it,
     # so the first epoch after the restore uses them (executor/store_opening.py).
     generation: str = field(kw_only=True)
+    memory: StateMemory = field(default=StateMemory(), kw_only=True)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         from sparkpoint.runtime.executor.state import SubtaskState
@@ -240,7 +243,7 @@ class RestoreTask:
         subtask = int(table.column(SUBTASK_COL)[0].as_py())
         lineage = self.lineages[subtask]
         fs, layout = self.storage.open()
-        state = SubtaskState(self.local_root, lineage, fs, layout)
+        state = SubtaskState(self.local_root, lineage, fs, layout, self.memory)
         try:
             state.open(lineage.epoch + 1, trust_local=False, given=EpochInput(self.generation, ""))
         finally:
