@@ -103,7 +103,7 @@ DESCRIPTIONS = {  # keys whose field has no comment in config.py
     "sparkpoint.idle-pause": "sleep between polls of a source with no new input",
     "sparkpoint.progress": "the progress line on stdout",
     "sparkpoint.progress.interval": "how often the progress line is printed",
-    "metrics.prometheus.port": "also serve /metrics on this port (loopback)",
+    "metrics.prometheus.port": "also serve /metrics on this port (at metrics.prometheus.bind-address)",
     "alarms.webhook-url": "checkpoint-failure alarms are POSTed here as JSON",
     "sparkpoint.lease.ttl": "a run that stopped renewing its lease for this long is taken over",
 }

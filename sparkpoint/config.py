@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from sparkpoint.errors import ConfigError
 
@@ -210,7 +210,19 @@ class Settings(_Model):
         if v < 0:
             raise ValueError("must be 0 or more")
         return v
-    # -- end of state memory --------------------------------------------------------
+
+    # -- metrics -----------------------------------------------------------------------
+    # The address metrics.prometheus.port binds to: loopback unless set (e.g. 0.0.0.0 for a
+    # Prometheus on another machine). /metrics needs no token: it holds no secrets.
+    metrics_bind_address: str = Field("127.0.0.1", alias="metrics.prometheus.bind-address")
+
+    @model_validator(mode="after")
+    def _metrics_address_needs_a_port(self) -> "Settings":
+        if self.metrics_port is None and not _is_loopback(self.metrics_bind_address):
+            raise ConfigError(f"metrics.prometheus.bind-address={self.metrics_bind_address} needs "
+                              "metrics.prometheus.port too (the port Prometheus scrapes /metrics on)")
+        return self
+    # -- end of state memory and metrics ------------------------------------------------
 
     # -- runtime -------------------------------------------------------------------
     spark_master: str = Field("local[2]", alias="spark.master")

@@ -79,7 +79,9 @@ class CheckpointStatsTracker:
         self._history: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._history_size = history_size
 
-        labels = ["job"]
+        # Not `job`: Prometheus sets that label to the scrape job's name (Flink's reporter
+        # says job_name for the same reason).
+        labels = ["job_name"]
         self._m_triggered = Counter("sparkpoint_checkpoints_triggered",
                                     "Checkpoints started", labels, registry=self.registry)
         self._m_completed = Counter("sparkpoint_checkpoints_completed",

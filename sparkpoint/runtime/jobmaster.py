@@ -206,7 +206,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             self.progress.announce(f"dashboard and REST API: {self.rest.address}/   (metrics: {self.rest.address}/metrics)")
         elif s.metrics_port:
             from prometheus_client import start_http_server
-            start_http_server(s.metrics_port, addr="127.0.0.1", registry=self.coordinator.stats.registry)
+            start_http_server(s.metrics_port, addr=s.metrics_bind_address, registry=self.coordinator.stats.registry)
         if self._spark is None:
             self._owns_spark = True
             self._spark = get_or_create_spark(s.spark_master, f"sparkpoint:{self.job_name}", self.P, s.spark_conf)

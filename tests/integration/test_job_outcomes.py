@@ -238,7 +238,7 @@ def test_a_restore_is_recorded_without_the_rest_api(spark, tmp_path):
     assert job.restored_from is not None
     assert job.coordinator.stats.snapshot()["restored"] == 1
     assert job.coordinator.stats.registry.get_sample_value(
-        "sparkpoint_checkpoint_restores_total", {"job": "restores"}) == 1
+        "sparkpoint_checkpoint_restores_total", {"job_name": "restores"}) == 1
 
 
 def test_a_job_cancelled_during_the_restart_backoff_does_not_exit_zero(spark, tmp_path):

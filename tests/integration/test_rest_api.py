@@ -355,9 +355,9 @@ def test_every_documented_metric_is_on_metrics(running):
     # prometheus_client names a counter's family without `_total` in TYPE lines.
     exposed |= {f"{name}_total" for name in exposed}
     assert documented <= exposed, f"documented but not on /metrics: {sorted(documented - exposed)}"
-    assert re.search(r'^sparkpoint_records_in_total\{job="rest-api"\} [1-9]', text, re.M)
-    assert re.search(r'^sparkpoint_checkpoint_size_bytes_count\{job="rest-api"\} [1-9]', text, re.M)
-    assert re.search(r'^sparkpoint_source_lag_records\{job="rest-api",split="0"\}', text, re.M)
+    assert re.search(r'^sparkpoint_records_in_total\{job_name="rest-api"\} [1-9]', text, re.M)
+    assert re.search(r'^sparkpoint_checkpoint_size_bytes_count\{job_name="rest-api"\} [1-9]', text, re.M)
+    assert re.search(r'^sparkpoint_source_lag_records\{job_name="rest-api",split="0"\}', text, re.M)
 
 
 def test_a_token_is_required_when_configured(running):

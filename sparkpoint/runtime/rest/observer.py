@@ -183,14 +183,14 @@ class RuntimeCollector:
         fams = []
 
         def gauge(name: str, doc: str, value: Any, extra: dict[str, str] | None = None):
-            fam = GaugeMetricFamily(name, doc, labels=["job", *(extra or {})])
+            fam = GaugeMetricFamily(name, doc, labels=["job_name", *(extra or {})])
             if value is not None:
                 fam.add_metric([job, *(extra or {}).values()], value)
             fams.append(fam)
             return fam
 
         def counter(name: str, doc: str, value: Any):
-            fam = CounterMetricFamily(name, doc, labels=["job"])
+            fam = CounterMetricFamily(name, doc, labels=["job_name"])
             if value is not None:
                 fam.add_metric([job], value)
             fams.append(fam)
@@ -207,12 +207,12 @@ class RuntimeCollector:
         gauge("sparkpoint_uptime_seconds", "Seconds since this run started",
               ov["duration"] / 1000 if ov else None)
         lag = GaugeMetricFamily("sparkpoint_source_lag_records", "Records behind the source's end, per split",
-                                labels=["job", "split"])
+                                labels=["job_name", "split"])
         for split, n in sorted((ov.get("lag-per-split") or {}).items()):
             lag.add_metric([job, split], n)
         fams.append(lag)
         status = GaugeMetricFamily("sparkpoint_job_status", "1 for the job's current status",
-                                   labels=["job", "status"])
+                                   labels=["job_name", "status"])
         if ov:
             for s in JobStatus:
                 status.add_metric([job, s.value], 1 if s.value == ov["state"] else 0)

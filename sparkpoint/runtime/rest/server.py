@@ -15,7 +15,8 @@
     GET  /                                      the dashboard (static files in ./static)
 
 `http.server`'s ThreadingHTTPServer: a handful of operators and one scraper, on
-loopback unless configured otherwise (then with a bearer token for every request).
+loopback unless configured otherwise (then with a bearer token for every request but
+GET /metrics, which holds nothing secret and is scraped without one).
 Every POST needs the job's control token, JSON, a `Host` naming this server and no
 foreign `Origin` (security.py). Handlers only read
 the job's state or call its thread-safe entry points (trigger_checkpoint,
@@ -199,7 +200,7 @@ def start_rest_server(job: Any) -> RestServer:
                     "requests are refused%s; set %s to a directory of this user", e,
                     " unless they carry rest.token" if s.rest_token else "", security.RUNTIME_DIR_ENV)
     if s.metrics_port:
-        server.serve_metrics_on(s.metrics_port)
+        server.serve_metrics_on(s.metrics_port, s.metrics_bind_address)
     log.info("job %s: REST API and dashboard on %s", job.job_name, server.address)
     try:
         job.storage.lease.publish_rest_address(server.address)
@@ -275,6 +276,11 @@ class _Handler(BaseHTTPRequestHandler):
         """Refuses what a web page, another local user or a rebound DNS name could send;
         the order puts the cheapest and least revealing checks first."""
         server = self.server_ref
+        if method in ("GET", "HEAD") and path == "/metrics":
+            # Read by Prometheus, which sends no token and names the target however its
+            # service discovery does. It holds counts, the job's name, split names and
+            # failure reasons: nothing a token or the Host check would protect.
+            return
         host = self.headers.get("Host")
         if not security.host_allowed(host, server.bind_host):
             raise ApiError(HTTPStatus.FORBIDDEN, f"Host {host!r} does not name this server; use "

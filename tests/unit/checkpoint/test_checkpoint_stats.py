@@ -23,10 +23,10 @@ def test_snapshot_and_metrics_follow_the_checkpoints():
     assert snap["in_progress"] == 0
     assert snap["last_failed"] == {"id": 101, "reason": "EXPIRED", "failed_at_ms": 5}
 
-    labels = {"job": "orders"}
+    labels = {"job_name": "orders"}
     assert registry.get_sample_value("sparkpoint_checkpoints_completed_total", labels) == 100
     assert registry.get_sample_value("sparkpoint_checkpoint_failures_total",
-                                     {"job": "orders", "reason": "EXPIRED"}) == 1
+                                     {"job_name": "orders", "reason": "EXPIRED"}) == 1
     assert registry.get_sample_value("sparkpoint_checkpoint_last_size_bytes", labels) == 10_000
     assert registry.get_sample_value("sparkpoint_checkpoint_duration_seconds_count", labels) == 100
 

@@ -36,7 +36,7 @@ def test_history_details_and_summary_follow_each_checkpoint():
     assert summary["end_to_end_duration"]["p99"] == 500 and summary["state_size"]["max"] == 700
     assert summary["async_duration"]["p50"] == 250
 
-    labels = {"job": "orders"}
+    labels = {"job_name": "orders"}
     assert registry.get_sample_value("sparkpoint_checkpoint_size_bytes_count", labels) == 1
     stats.report_restored(1, restore_timestamp_ms=20_000)
     assert stats.snapshot()["restored"] == 1 and stats.snapshot()["last_restored"]["id"] == 1
