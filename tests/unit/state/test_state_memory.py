@@ -170,3 +170,39 @@ def test_state_memory_keys_take_flink_sizes_and_refuse_bad_values_with_one_line(
         Settings.load(sets=["state.backend.rocksdb.memory.fixed-per-slot=lots"])
     with pytest.raises(ConfigError, match="write-buffer-ratio: 1.5: must be between 0 and 1"):
         Settings.load(sets=["state.backend.rocksdb.memory.write-buffer-ratio=1.5"])
+
+
+def test_a_jobs_state_memory_settings_reach_the_store_its_epoch_task_keeps_open(tmp_path: Path, spark_worker) -> None:
+    """From the job's keys to the task shipped to the workers, to the store the worker
+    keeps: it counts against a worker budget of exactly those settings."""
+    from sparkpoint import GeneratorSource, Pipeline
+    from sparkpoint.api import KeyedAggregate
+    from sparkpoint.connectors.parquet_sink import ParquetSink
+    from sparkpoint.runtime.executor.storage import StorageRef
+    from sparkpoint.runtime.executor.store_opening import EpochInput
+    from sparkpoint.runtime.executor.subtask import EpochTask
+    from sparkpoint.runtime.jobmaster import JobMaster
+    from sparkpoint.runtime.lineages import Lineages
+    from sparkpoint.state.interfaces import KEY_GROUP_COL, MARKER_COL, SUBTASK_COL
+
+    operator = KeyedAggregate("totals", ["user"], "amount", aggs=("count", "sum"), value_type="bigint",
+                              key_schema="user STRING")
+    settings = Settings.load(overrides={
+        "pipeline.name": "sized", "execution.checkpointing.dir": str(tmp_path / "chk"),
+        "state.backend.rocksdb.memory.fixed-per-slot": "48 mb", "state.backend.rocksdb.memory.kept-stores": 3,
+        "state.backend.rocksdb.memory.read-cache-ratio": 0.5})
+    job = JobMaster(Pipeline("sized").source(GeneratorSource("g", keys=4, total_events=4)).stateful(operator)
+                    .sink(ParquetSink(str(tmp_path / "out"))), settings)
+    assert job.state_memory == StateMemory(fixed_per_slot=48 * MiB, kept_stores=3, read_cache_ratio=0.5)
+
+    lineages = Lineages("totals", 1, 8, materialize_interval_ms=3_600_000, max_changelogs=100)
+    task = EpochTask(operator, str(tmp_path / "executor"), 0, 1, 8, None, 0, False, None,
+                     StorageRef(str(tmp_path / "chk"), "sized", {}, ()), lineages.for_tasks(), frozenset(),
+                     epoch_input=EpochInput(lineages.generation, "slice-0"), memory=job.state_memory)
+    rows = pa.table({"user": ["ann", None], "__count": [1, None], "__nvalues": [1, None], "__sum": [5, None],
+                     "__min": [5, None], "__max": [5, None], KEY_GROUP_COL: pa.array([0, None], pa.int32()),
+                     SUBTASK_COL: pa.array([0, 0], pa.int32()), MARKER_COL: [False, True]})
+    task(rows)
+    [kept] = [k.store for k in kept_stores._kept.values()]
+    assert kept.shared is not None and kept.shared.memory == job.state_memory
+    assert kept.shared.read_cache.limit == 24 * MiB
