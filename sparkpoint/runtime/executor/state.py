@@ -37,7 +37,7 @@ from sparkpoint.state.changelog import (
     state_participant_path,
 )
 from sparkpoint.state.keys import key_group_range
-from sparkpoint.state.memory import StateMemory, worker_memory
+from sparkpoint.state.memory import StateMemory, WorkerMemory, worker_memory
 from sparkpoint.state.snapshot import SnapshotFile, SnapshotHandleIndex, check_local_file
 from sparkpoint.state.store import SubtaskStateStore
 from sparkpoint.storage.fs import StorageFS
@@ -124,7 +124,8 @@ class SubtaskState:
             self._label(given.generation)
         return self.store
 
-    def shared_memory(self):
+    def shared_memory(self) -> WorkerMemory | None:
+        """This worker's shared state memory for the task's settings (None: unbounded)."""
         return worker_memory(self.memory) if self.memory is not None else None
 
     @property
