@@ -32,7 +32,7 @@ import rocksdict
 MiB = 1024 * 1024
 
 # Bytes a cached entry costs beyond its key and value: two bytes objects' headers and
-# the dict's slot, index and spare room (measured with tracemalloc, CPython 3.11: ~110).
+# the dict's slot, index and spare room (tracemalloc, CPython 3.11, 200k entries: 117).
 ENTRY_OVERHEAD = 120
 
 
@@ -140,7 +140,8 @@ class WorkerMemory:
                 memory.write_buffer_manager_bytes, False, self.block_cache)
 
     def over_write_buffer_limit(self) -> bool:
-        return self.write_buffers is not None and self.write_buffers.get_usage() > self.memory.write_buffer_manager_bytes
+        buffers = self.write_buffers
+        return buffers is not None and buffers.get_usage() > self.memory.write_buffer_manager_bytes
 
 
 _lock = threading.Lock()
