@@ -113,6 +113,11 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         local = job_local_root(settings.local_state_dir, self.job_name, checkpoints)
         self.local_root = os.path.abspath(local) if settings.spark_master.startswith("local") else local
         self.state_memory = StateMemory.from_settings(settings)  # each Python worker's, shipped with its tasks
+        if self.operator is not None:
+            m = self.state_memory
+            log.info("job %s: keyed state may take %s per Spark Python worker, outside spark.executor.memory "
+                     "(state.backend.rocksdb.memory.*; docs/memory.md sizes executors for it)", self.job_name,
+                     f"{m.fixed_per_slot >> 20} MB" if m.managed else "unbounded memory")
         self.status = JobStatusTracker()
         self.run_id = uuid.uuid4().hex[:12]
         self._spark = spark
