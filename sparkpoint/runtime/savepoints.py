@@ -15,11 +15,12 @@
 Both are asked from any thread (REST handlers, the control thread) and run on the
 main thread, which owns the epoch loop: a request is only queued here.
 
-A savepoint copies all of the job's state, so a target asked for from outside the job
-(the REST API, hence the CLI) must lie below the checkpoint directory or below one of
-`execution.checkpointing.savepoint.allowed-targets` (`check_target`): a request cannot
-send the state to an http:// URL or another disk. The job's own code, which holds the
-state anyway, may write a savepoint anywhere."""
+A savepoint copies all of the job's state, so a target must lie below the checkpoint
+directory or below one of `execution.checkpointing.savepoint.allowed-targets`
+(`check_target`): a request cannot send the state to an http:// URL or another disk.
+Every way to ask goes through the one check in `trigger_savepoint` and `stop`: the REST
+API (hence the CLI) and Python code alike, which may be a notebook or an operator's
+script rather than the pipeline's author."""
 
 from __future__ import annotations
 
@@ -105,7 +106,9 @@ class SavepointSteps:
     # ------------------------------------------------------------------ public
     def trigger_savepoint(self, target: str | None = None) -> Future:
         """Take a savepoint now, the job keeps running; the future completes with its path
-        (or URL). Its output is committed by the next checkpoint, not by it."""
+        (or URL). Its output is committed by the next checkpoint, not by it. ConfigError
+        for a target outside the checkpoint directory and the allowed targets."""
+        self._check_savepoint_target(target)
         log.info("savepoint requested%s", f" to {mask_url(target)}" if target else "")
         return self._savepoint_path(self.coordinator.trigger_savepoint(target))
 
@@ -116,7 +119,10 @@ class SavepointSteps:
 
     def stop(self, savepoint: bool = True, target: str | None = None) -> Future:
         """Stop the job with a savepoint (its path is the future's result) or, with
-        `savepoint=False`, with a last checkpoint (result None). Ends FINISHED."""
+        `savepoint=False`, with a last checkpoint (result None). Ends FINISHED.
+        ConfigError, before anything is queued, for a target outside the allowed places."""
+        if savepoint:
+            self._check_savepoint_target(target)
         fut: Future = Future()
         self._stop_requests.put(StopRequest(savepoint, target, fut))
         return fut
@@ -124,6 +130,12 @@ class SavepointSteps:
     def stop_with_savepoint(self, target: str | None = None, *, savepoint: bool | None = None) -> Future:
         """`stop()` as the REST API calls it: a target implies a savepoint."""
         return self.stop(savepoint=target is not None if savepoint is None else savepoint, target=target)
+
+    def _check_savepoint_target(self, target: str | None) -> None:
+        """ConfigError (one line naming the allowed places) unless `target` is one; None
+        is the job's own savepoint directory."""
+        if target is not None:
+            check_target(target, self.settings.checkpoint_dir, self.settings.savepoint_allowed_targets)
 
     # ------------------------------------------------------------------ main thread
     def _savepoint_path(self, fut: Future) -> Future:
