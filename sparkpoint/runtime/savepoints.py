@@ -13,7 +13,10 @@
   and the job ends FINISHED. If the savepoint fails the job keeps running, as Flink's.
 
 Both are asked from any thread (REST handlers, the control thread) and run on the
-main thread, which owns the epoch loop: a request is only queued here.
+main thread, which owns the epoch loop: a request is only queued here. A stop is never
+dropped: one whose epoch fails goes back to the head of the queue and is carried out
+after the restore (an empty epoch first brings the restored state up), and one the job
+ends before is answered with how it ended (`_settle_stop_requests`).
 
 A savepoint copies all of the job's state, so a target must lie below the checkpoint
 directory or below one of `execution.checkpointing.savepoint.allowed-targets`
@@ -155,11 +158,71 @@ class SavepointSteps:
         return out
 
     def _serve_stop_request(self) -> bool:
-        """Runs a queued stop request, if any. True if the job stopped."""
+        """Runs a queued stop request, if any. True if the job stopped.
+
+        If an epoch fails while the stop carries its barriers, the failure propagates
+        (the job fails over) and the request goes back to the head of the queue: the
+        stop is still asked for, and is carried out after the restore."""
         try:
             request: StopRequest = self._stop_requests.get_nowait()
         except queue.Empty:
             return False
+        try:
+            return self._carry_out_stop(request)
+        except BaseException:
+            if not request.future.done():
+                self._requeue_stop(request)
+            raise
+
+    def _stop_waiting(self) -> bool:
+        """A stop is asked for and not carried out yet."""
+        signal_stop = getattr(self, "_signal_stop", None)
+        return not self._stop_requests.empty() or (signal_stop is not None and not signal_stop.done())
+
+    def _requeue_stop(self, request: StopRequest) -> None:
+        """`request` first in the queue again (unless it is there), the others after it."""
+        waiting = []
+        while True:
+            try:
+                waiting.append(self._stop_requests.get_nowait())
+            except queue.Empty:
+                break
+        if not any(r.future is request.future for r in waiting):
+            waiting.insert(0, request)
+        for r in waiting:
+            self._stop_requests.put(r)
+
+    def _settle_stop_requests(self, error: BaseException | None = None) -> None:
+        """The job is over: every stop asked for and not carried out gets its answer, never
+        silence (a REST caller polls its operation until it has one). A stop without a
+        savepoint is done when the job FINISHED (its final checkpoint committed the
+        output); anything else fails, saying how the job ended. `error`: what ended it."""
+        from sparkpoint.runtime.status import JobStatus
+
+        status = self.status.status
+        why = f": {_summary(error)}" if error is not None else ""
+        # Nothing acts on a stop any more (a signal's stop that fails here would otherwise
+        # log that it cancels the job, which has already ended).
+        self._stop.set()
+        while True:
+            try:
+                request: StopRequest = self._stop_requests.get_nowait()
+            except queue.Empty:
+                return
+            if request.future.done():
+                continue
+            if status is JobStatus.FINISHED and not request.savepoint:
+                request.future.set_result(None)
+                continue
+            if status is JobStatus.FINISHED:
+                line = (f"job {self.job_name} finished (its input ended) before the stop with a savepoint was "
+                        f"taken: no savepoint; its output is committed by its final checkpoint")
+            else:
+                what = "a savepoint" if request.savepoint else "a last checkpoint"
+                line = f"job {self.job_name} ended {status.value} before it could stop with {what}{why}"
+            request.future.set_exception(RuntimeError(line))
+
+    def _carry_out_stop(self, request: StopRequest) -> bool:
         what = "a savepoint" if request.savepoint else "a last checkpoint"
         self.progress.announce(f"stopping with {what}: sources read nothing more")
         self.coordinator.stop_scheduler()
