@@ -118,10 +118,10 @@ class Settings(_Model):
     num_retained: int = Field(3, alias="execution.checkpointing.num-retained")
     checkpointing_enabled: bool = Field(True, alias="execution.checkpointing.enabled")
     storage_options: dict[str, Any] = Field(default_factory=dict, alias="execution.checkpointing.storage-options")
-    # Where savepoints asked for over the REST API (and so the CLI) may be written besides
-    # below execution.checkpointing.dir: paths or URLs (s3://bucket/savepoints); a target
-    # must lie below one of them. Anything else is refused, so a request cannot send the
-    # job's state to a server or to another disk.
+    # Where savepoints may be written besides below execution.checkpointing.dir, whoever
+    # asks (the REST API, the CLI, or Python: job.trigger_savepoint, job.stop): paths or
+    # URLs (s3://bucket/savepoints); a target must lie below one of them. Anything else is
+    # refused, so a request cannot send the job's state to a server or to another disk.
     savepoint_allowed_targets: list[str] = Field(default_factory=list,
                                                  alias="execution.checkpointing.savepoint.allowed-targets")
 

@@ -261,7 +261,11 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             self._setup()
             prev_handlers = self._install_signal_handlers()
             return self._run_with_restarts()
+        except BaseException as e:
+            self._settle_stop_requests(e)
+            raise
         finally:
+            self._settle_stop_requests()  # before the REST server closes: callers fetch the answer
             self._teardown()
             for sig, h in prev_handlers.items():
                 signal.signal(sig, h)
@@ -559,9 +563,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         while not self._stop.is_set():
             if self._failover_reason:
                 raise FailoverRequired(self._failover_reason)
-            if self._restoring and self._signal_stop is not None and not self._signal_stop.done():
-                # Restored for an interrupted stop: an epoch without input brings the state
-                # subtasks up first, or they refuse the stop's checkpoint as still restoring.
+            if self._restoring and self._stop_waiting():
+                # Restored with a stop waiting (interrupted by the failure, or asked for
+                # meanwhile): an epoch without input brings the state subtasks up first, or
+                # they refuse the stop's checkpoint or savepoint as still restoring.
                 self._run_empty_epoch(final=False)
             if self._serve_stop_request():
                 return

@@ -81,14 +81,16 @@ class Lineages:
             self._dropped = []
             self.generation = uuid.uuid4().hex[:12]
 
-    def restore(self, handles: Mapping[int, Mapping[str, Any]]) -> None:
-        """Take the lineages of a checkpoint (validated: CorruptSnapshotError if not)."""
+    def restore(self, handles: Mapping[int, Mapping[str, Any]], generation: str | None = None) -> None:
+        """Take the lineages of a checkpoint (validated: CorruptSnapshotError if not).
+        A new generation begins, or `generation`: the one a re-cut of the state began
+        before its tasks built the stores these lineages describe."""
         restored = {i: Lineage.from_json(h) for i, h in handles.items()}
         with self._lock:
             self._lineages = restored
             self._last_snapshot = {i: self._clock() for i in restored}
             self._dropped = []
-            self.generation = uuid.uuid4().hex[:12]
+            self.generation = generation or uuid.uuid4().hex[:12]
 
     # -- each epoch ----------------------------------------------------------------
     def for_tasks(self) -> dict[int, Lineage]:

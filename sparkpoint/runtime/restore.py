@@ -190,10 +190,10 @@ class RestoreSteps:
         if covered != list(range(self.settings.max_parallelism)):
             raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: the state of operator "
                                          f"{self.operator.name} does not cover every key group")
-        self.lineages.reset_empty()
+        self.lineages.reset_empty()  # begins the restore's generation
         epoch = int(data.handles[JOB]["epoch"])
         task = RescaleTask(self.local_root, source, self.storage_ref, old, self.lineages.for_tasks(), epoch,
-                           memory=self.state_memory)
+                           memory=self.state_memory, generation=self.lineages.generation)
         log.info("job %s re-cuts the state of %s from %d subtask(s) into %d", self.job_name, self.operator.name,
                  len(old), self.P)
         try:
@@ -202,7 +202,7 @@ class RestoreSteps:
             if "CorruptSnapshotError" in str(e) or "CorruptCheckpointError" in str(e):
                 raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: {_summary(e)}") from e
             raise
-        self.lineages.restore({j: infos[j]["lineage"] for j in range(self.P)})
+        self.lineages.restore({j: infos[j]["lineage"] for j in range(self.P)}, generation=task.generation)
         self.lineages.on_restore(infos)
         if len(old) != self.P:
             self.progress.announce(f"rescaled operator {self.operator.name} from parallelism {len(old)} to {self.P}")

@@ -13,13 +13,17 @@
   and the job ends FINISHED. If the savepoint fails the job keeps running, as Flink's.
 
 Both are asked from any thread (REST handlers, the control thread) and run on the
-main thread, which owns the epoch loop: a request is only queued here.
+main thread, which owns the epoch loop: a request is only queued here. A stop is never
+dropped: one whose epoch fails goes back to the head of the queue and is carried out
+after the restore (an empty epoch first brings the restored state up), and one the job
+ends before is answered with how it ended (`_settle_stop_requests`).
 
-A savepoint copies all of the job's state, so a target asked for from outside the job
-(the REST API, hence the CLI) must lie below the checkpoint directory or below one of
-`execution.checkpointing.savepoint.allowed-targets` (`check_target`): a request cannot
-send the state to an http:// URL or another disk. The job's own code, which holds the
-state anyway, may write a savepoint anywhere."""
+A savepoint copies all of the job's state, so a target must lie below the checkpoint
+directory or below one of `execution.checkpointing.savepoint.allowed-targets`
+(`check_target`): a request cannot send the state to an http:// URL or another disk.
+Every way to ask goes through the one check in `trigger_savepoint` and `stop`: the REST
+API (hence the CLI) and Python code alike, which may be a notebook or an operator's
+script rather than the pipeline's author."""
 
 from __future__ import annotations
 
@@ -105,7 +109,9 @@ class SavepointSteps:
     # ------------------------------------------------------------------ public
     def trigger_savepoint(self, target: str | None = None) -> Future:
         """Take a savepoint now, the job keeps running; the future completes with its path
-        (or URL). Its output is committed by the next checkpoint, not by it."""
+        (or URL). Its output is committed by the next checkpoint, not by it. ConfigError
+        for a target outside the checkpoint directory and the allowed targets."""
+        self._check_savepoint_target(target)
         log.info("savepoint requested%s", f" to {mask_url(target)}" if target else "")
         return self._savepoint_path(self.coordinator.trigger_savepoint(target))
 
@@ -116,7 +122,10 @@ class SavepointSteps:
 
     def stop(self, savepoint: bool = True, target: str | None = None) -> Future:
         """Stop the job with a savepoint (its path is the future's result) or, with
-        `savepoint=False`, with a last checkpoint (result None). Ends FINISHED."""
+        `savepoint=False`, with a last checkpoint (result None). Ends FINISHED.
+        ConfigError, before anything is queued, for a target outside the allowed places."""
+        if savepoint:
+            self._check_savepoint_target(target)
         fut: Future = Future()
         self._stop_requests.put(StopRequest(savepoint, target, fut))
         return fut
@@ -124,6 +133,12 @@ class SavepointSteps:
     def stop_with_savepoint(self, target: str | None = None, *, savepoint: bool | None = None) -> Future:
         """`stop()` as the REST API calls it: a target implies a savepoint."""
         return self.stop(savepoint=target is not None if savepoint is None else savepoint, target=target)
+
+    def _check_savepoint_target(self, target: str | None) -> None:
+        """ConfigError (one line naming the allowed places) unless `target` is one; None
+        is the job's own savepoint directory."""
+        if target is not None:
+            check_target(target, self.settings.checkpoint_dir, self.settings.savepoint_allowed_targets)
 
     # ------------------------------------------------------------------ main thread
     def _savepoint_path(self, fut: Future) -> Future:
@@ -143,11 +158,71 @@ class SavepointSteps:
         return out
 
     def _serve_stop_request(self) -> bool:
-        """Runs a queued stop request, if any. True if the job stopped."""
+        """Runs a queued stop request, if any. True if the job stopped.
+
+        If an epoch fails while the stop carries its barriers, the failure propagates
+        (the job fails over) and the request goes back to the head of the queue: the
+        stop is still asked for, and is carried out after the restore."""
         try:
             request: StopRequest = self._stop_requests.get_nowait()
         except queue.Empty:
             return False
+        try:
+            return self._carry_out_stop(request)
+        except BaseException:
+            if not request.future.done():
+                self._requeue_stop(request)
+            raise
+
+    def _stop_waiting(self) -> bool:
+        """A stop is asked for and not carried out yet."""
+        signal_stop = getattr(self, "_signal_stop", None)
+        return not self._stop_requests.empty() or (signal_stop is not None and not signal_stop.done())
+
+    def _requeue_stop(self, request: StopRequest) -> None:
+        """`request` first in the queue again (unless it is there), the others after it."""
+        waiting = []
+        while True:
+            try:
+                waiting.append(self._stop_requests.get_nowait())
+            except queue.Empty:
+                break
+        if not any(r.future is request.future for r in waiting):
+            waiting.insert(0, request)
+        for r in waiting:
+            self._stop_requests.put(r)
+
+    def _settle_stop_requests(self, error: BaseException | None = None) -> None:
+        """The job is over: every stop asked for and not carried out gets its answer, never
+        silence (a REST caller polls its operation until it has one). A stop without a
+        savepoint is done when the job FINISHED (its final checkpoint committed the
+        output); anything else fails, saying how the job ended. `error`: what ended it."""
+        from sparkpoint.runtime.status import JobStatus
+
+        status = self.status.status
+        why = f": {_summary(error)}" if error is not None else ""
+        # Nothing acts on a stop any more (a signal's stop that fails here would otherwise
+        # log that it cancels the job, which has already ended).
+        self._stop.set()
+        while True:
+            try:
+                request: StopRequest = self._stop_requests.get_nowait()
+            except queue.Empty:
+                return
+            if request.future.done():
+                continue
+            if status is JobStatus.FINISHED and not request.savepoint:
+                request.future.set_result(None)
+                continue
+            if status is JobStatus.FINISHED:
+                line = (f"job {self.job_name} finished (its input ended) before the stop with a savepoint was "
+                        f"taken: no savepoint; its output is committed by its final checkpoint")
+            else:
+                what = "a savepoint" if request.savepoint else "a last checkpoint"
+                line = f"job {self.job_name} ended {status.value} before it could stop with {what}{why}"
+            request.future.set_exception(RuntimeError(line))
+
+    def _carry_out_stop(self, request: StopRequest) -> bool:
         what = "a savepoint" if request.savepoint else "a last checkpoint"
         self.progress.announce(f"stopping with {what}: sources read nothing more")
         self.coordinator.stop_scheduler()

@@ -5,6 +5,10 @@
      "body": {"job_name": ..., "checkpoint_id": ..., "trigger_timestamp_ms": ...,
               "completion_timestamp_ms": ..., "properties": {...}, "handles": {...}}}
 
+`properties.terminate` (a savepoint that ended its job, so its completion committed the
+output; Flink's `CheckpointProperties.terminate`) is absent in files written before it
+was recorded; it then reads as false. Older readers ignore it: no version change.
+
 The checksum covers the canonical encoding of `body` (sorted keys, no whitespace,
 UTF-8), so a reader detects a torn or edited file without trusting the writer's
 formatting. Nothing here is ever unpickled: the file is plain JSON.
@@ -59,7 +63,8 @@ def encode(data: CompletedCheckpointData) -> bytes:
         "completion_timestamp_ms": int(data.completion_timestamp_ms),
         "properties": {"forced": bool(data.properties.forced),
                        "periodic": bool(data.properties.periodic),
-                       "savepoint": bool(data.properties.savepoint)},
+                       "savepoint": bool(data.properties.savepoint),
+                       "terminate": bool(data.properties.terminate)},
         "handles": {str(k): v for k, v in data.handles.items()},
     }
     # Round-trip through JSON once so tuples/Mapping subclasses become what a reader
@@ -166,7 +171,10 @@ def _body_to_data(body: Mapping[str, Any], source: str) -> CompletedCheckpointDa
             handles=handles,
             properties=CheckpointProperties(forced=bool(props.get("forced", False)),
                                             periodic=bool(props.get("periodic", True)),
-                                            savepoint=bool(props.get("savepoint", False))),
+                                            savepoint=bool(props.get("savepoint", False)),
+                                            # Absent in files written before it was recorded:
+                                            # read as a savepoint that did not end its job.
+                                            terminate=bool(props.get("terminate", False))),
         )
     except (KeyError, TypeError, AttributeError) as e:
         raise CorruptCheckpointError(f"{source} passes its checksum but a field is missing or "

@@ -106,6 +106,8 @@ def settings(root: Path, name: str, faults: list[dict[str, Any]], **extra: Any) 
         "restart-strategy.type": "fixed-delay",
         "restart-strategy.fixed-delay.delay": "100 ms",
         "sparkpoint.faults": faults,
+        # The tests take savepoints into their own temporary directory, beside the checkpoints.
+        "execution.checkpointing.savepoint.allowed-targets": [str(root)],
         **extra,
     })
 

@@ -122,6 +122,7 @@ def test_a_savepoint_completes_while_checkpoints_fail_and_retention_never_delete
     expected = expected_windows(spark, LONG)
     outage = [{"op": "any", "path": "re:/chk-\\d+(/|$)", "checkpoints": list(range(1, 6)), "action": "fail"}]
     run = Run(spark, tmp_path / "a", 2, LONG, **{"sparkpoint.faults": outage,
+                                           "execution.checkpointing.savepoint.allowed-targets": [str(tmp_path)],
                                            "execution.checkpointing.tolerable-failed-checkpoints": 100,
                                            "execution.checkpointing.num-retained": 1})
     run.wait_until(lambda j: j.epoch >= 2 and j.coordinator.stats.snapshot().get("failed", 0) >= 2)

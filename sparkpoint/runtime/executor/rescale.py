@@ -12,7 +12,9 @@ redistribution). For each new subtask one task:
   2. copies the keys of its range into a fresh store at the restored epoch;
   3. uploads that store as a full snapshot into the job's own checkpoint storage.
 
-The new lineage (that snapshot, no change logs) goes back to the driver. The job then
+The new lineage (that snapshot, no change logs) goes back to the driver, and the store
+stays on the executor, labelled with the restore's generation: the first epoch that
+runs the subtask there uses it as it is. The job then
 references nothing in the savepoint it started from: a savepoint restored this way
 is never claimed (Flink's NO_CLAIM), and the first checkpoint is self-sufficient."""
 
@@ -48,6 +50,10 @@ class RescaleTask:
     new: dict[int, Lineage]  # empty lineages with the new key-group ranges
     epoch: int
     memory: StateMemory = field(default=StateMemory(), kw_only=True)  # state.backend.rocksdb.memory.*
+    # The generation the restore begins: the store re-cut here is labelled with it, so the
+    # first epoch after the restore uses it instead of rebuilding it again
+    # (executor/store_opening.py).
+    generation: str = field(kw_only=True)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         from sparkpoint.runtime.executor import kept_stores
@@ -88,7 +94,7 @@ class RescaleTask:
                 finally:
                     src.close()
             ref = f"rescaled:{uuid.uuid4().hex[:16]}"
-            store.commit_epoch(self.epoch, pa.table({}), {"ref": ref, "parent": None})
+            store.commit_epoch(self.epoch, pa.table({}), {"ref": ref, "parent": None, "generation": self.generation})
             state.store = store
             handle = state.materialize(self.epoch)
             lineage = Lineage(new.operator, j, new.key_groups, new.max_parallelism, epoch=self.epoch,

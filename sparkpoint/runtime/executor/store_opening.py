@@ -15,7 +15,9 @@ about itself, the lineage the driver sent, and what the driver planned for the e
               change logs after it are replayed
 
 A *generation* begins at every restore and every fresh start of the job (the driver's
-`Lineages` mints it). After a failover the driver plans the same epoch numbers again
+`Lineages` mints it). The stores a restore builds itself, from verified files (the
+rebuild of `RestoreTask`, the re-cut of `RescaleTask`), carry its generation, so the
+first epoch after it finds them `local`. After a failover the driver plans the same epoch numbers again
 over other slices (Kafka reads up to its new end, a rate-limited source has more, the
 epoch sizer keeps its budget), so epoch number and parent state prove nothing across
 generations: a store of an earlier generation is never used, and a retry must match

@@ -51,7 +51,8 @@ class Run:
             "pipeline.name": JOB, "execution.checkpointing.dir": str(root / "checkpoints"),
             "state.local.dir": str(root / "state"), "execution.checkpointing.interval": "200 ms",
             "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": 100,
-            "sparkpoint.progress": False, **extra})
+            "sparkpoint.progress": False,
+            "execution.checkpointing.savepoint.allowed-targets": [str(root.parent)], **extra})
         self.job = JobMaster(Pipeline(JOB).source(source).transform(Tag(run)).sink(sink), settings, spark=spark)
         self.result = None
         self.error: BaseException | None = None

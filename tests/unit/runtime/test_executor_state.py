@@ -47,11 +47,13 @@ class Driver:
         self.lineages = Lineages("totals", 1, MAXP, materialize_interval_ms=3_600_000,
                                  max_changelogs=snapshot_every)
         self.epoch = -1
+        self.parallelism = 1  # the rows of `worker_input` are subtask 0's at any parallelism
 
     def run(self, executor_root, users, amounts, *, epoch: int | None = None, record: bool = True,
             checkpoint_id: int | None = None):
         epoch = self.epoch + 1 if epoch is None else epoch
-        t = EpochTask(op(), str(executor_root), epoch, 1, MAXP, None, 0, False, checkpoint_id, self.storage,
+        t = EpochTask(op(), str(executor_root), epoch, self.parallelism, MAXP, None, 0, False, checkpoint_id,
+                      self.storage,
                       self.lineages.for_tasks(), self.lineages.due_for_snapshot(),
                       epoch_input=self.planned(users, amounts))
         data, meta = split_meta(t(worker_input(users, amounts)), op().output_schema)
@@ -241,6 +243,53 @@ def test_the_first_epoch_after_a_restore_uses_the_store_the_restore_built(tmp_pa
     rows, info = d.run(tmp_path / "a", ["ann"], [100])
     assert rows == [("ann", 2, 101)]
     assert info["state"]["how"] == "local"
+
+
+def recut(d: Driver, executor_root, parallelism: int, monkeypatch) -> None:
+    """The driver's restore from a savepoint or at another parallelism
+    (`RestoreSteps._redistribute_state`, the real code), its Spark job run in-process on
+    `executor_root`: the old subtask's state re-cut into `parallelism` new subtasks."""
+    from types import SimpleNamespace
+
+    from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
+    from sparkpoint.runtime import stage
+    from sparkpoint.runtime.restore import RestoreSteps
+
+    def in_process(spark, task, p) -> dict[int, dict]:
+        reports = {}
+        for j in range(p):
+            _, meta = split_meta(task(pa.table({SUBTASK_COL: pa.array([j], pa.int32())})), pa.schema([]))
+            reports[j] = json.loads(meta[0][META_INFO])
+        return reports
+
+    monkeypatch.setattr(stage, "restore_state", in_process)
+    old = {0: d.lineages.handle(0)[0]}
+    lineages = Lineages("totals", parallelism, MAXP, materialize_interval_ms=3_600_000, max_changelogs=1000)
+    driver = SimpleNamespace(lineages=lineages, local_root=str(executor_root), storage_ref=d.storage, P=parallelism,
+                             settings=SimpleNamespace(max_parallelism=MAXP), operator=op(), _spark=None,
+                             job_name="job", progress=SimpleNamespace(announce=lambda line: None))
+    data = CompletedCheckpointData("job", 1, 0, 0, {"job": {"epoch": d.epoch}})
+    RestoreSteps._redistribute_state(driver, data, old, d.storage, savepoint=None)
+    d.lineages, d.parallelism = lineages, parallelism
+
+
+@pytest.mark.parametrize("parallelism", [1, 2], ids=["savepoint-restore", "rescale-1-to-2"])
+def test_the_first_epoch_after_a_rescale_rebuilds_the_recut_store_again(tmp_path, monkeypatch, parallelism):
+    """The restore re-cut the state into a new store on this executor; the first epoch
+    must take that store, not rebuild it once more from the local snapshot copy."""
+    d = Driver(tmp_path)
+    d.run(tmp_path / "a", ["ann", "bob"], [1, 2])
+    d.run(tmp_path / "a", ["ann"], [10])
+    recut(d, tmp_path / "a", parallelism, monkeypatch)
+    assert d.lineages.stats.rebuilds == parallelism  # the re-cut itself, once per new subtask
+    rows, info = d.run(tmp_path / "a", ["ann"], [100])
+    assert rows == [("ann", 3, 111)]
+    assert info["state"]["how"] == "local", info["state"]["why"]
+    assert d.lineages.stats.rebuilds == parallelism, "the first epoch rebuilt the re-cut store again"
+    # The rule that proves a local store still holds: another generation rebuilds.
+    d.lineages.restore({0: d.lineages.handle(0)[0]})
+    rows, info = d.run(tmp_path / "a", ["ann"], [1])
+    assert rows == [("ann", 4, 112)] and info["state"]["how"] == "rebuild"
 
 
 def test_two_runs_of_one_job_name_with_different_checkpoint_directories_never_share_local_state(tmp_path):

@@ -75,3 +75,32 @@ def test_non_json_handle_is_refused_naming_the_participant() -> None:
     bad = CompletedCheckpointData("orders", 1, 0, 0, {"sink:delta": {"txn": object()}})
     with pytest.raises(MetadataEncodeError, match="sink:delta"):
         metadata.encode(bad)
+
+
+# -- whether a savepoint ended its job ----------------------------------------------------
+def _savepoint(terminate: bool) -> CompletedCheckpointData:
+    return CompletedCheckpointData(
+        job_name="orders", checkpoint_id=43, trigger_timestamp_ms=1, completion_timestamp_ms=2,
+        handles={"job": {"epoch": 17}},
+        properties=CheckpointProperties(forced=True, periodic=False, savepoint=True, terminate=terminate))
+
+
+@pytest.mark.parametrize("terminate", [True, False])
+def test_metadata_records_whether_a_savepoint_ended_its_job(terminate: bool) -> None:
+    """A stop-with-savepoint committed its output before the job ended; a savepoint of a
+    job that kept running committed nothing (Flink's `CheckpointProperties.terminate`).
+    The file says which, and the reader gets it back."""
+    raw = metadata.encode(_savepoint(terminate))
+    assert json.loads(raw)["body"]["properties"]["terminate"] is terminate
+    assert metadata.decode(raw).properties.terminate is terminate
+
+
+def test_metadata_written_without_terminate_reads_as_a_savepoint_that_did_not_end_its_job() -> None:
+    """Files written before the field existed still load, with one documented default."""
+    import hashlib
+
+    doc = json.loads(metadata.encode(_savepoint(True)))
+    del doc["body"]["properties"]["terminate"]
+    doc["checksum"]["value"] = hashlib.sha256(metadata.canonical_json(doc["body"])).hexdigest()
+    data = metadata.decode(json.dumps(doc).encode())
+    assert data.properties.savepoint and data.properties.terminate is False

@@ -1,0 +1,75 @@
+"""A stop request (REST, CLI, Python) is never dropped: one whose barrier epoch fails
+goes back to the head of the queue for after the restore, and one the job never got to
+carry out is answered when the job ends, saying how it ended. No Spark: the job is
+built, never run; what it would talk to is stubbed."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sparkpoint import GeneratorSource, KeyedAggregate, ParquetSink, Pipeline
+from sparkpoint.config import Settings
+from sparkpoint.runtime.jobmaster import JobMaster
+from sparkpoint.runtime.status import JobStatus
+
+
+class EpochFailed(Exception):
+    pass
+
+
+@pytest.fixture
+def job(tmp_path) -> JobMaster:
+    pipeline = (Pipeline("orders").source(GeneratorSource("g", keys=10, total_events=10))
+                .stateful(KeyedAggregate("agg", ["key"], "value", value_type="bigint"))
+                .sink(ParquetSink(str(tmp_path / "out"))))
+    settings = Settings.load(None, [f"execution.checkpointing.dir={tmp_path / 'chk'}",
+                                    f"state.local.dir={tmp_path / 'state'}", "sparkpoint.progress=false"],
+                             base={"pipeline.name": "orders"})
+    return JobMaster(pipeline, settings, spark=object())
+
+
+def _queued(job: JobMaster) -> list:
+    out = []
+    while not job._stop_requests.empty():
+        out.append(job._stop_requests.get_nowait())
+    return out
+
+
+def test_a_stop_whose_barrier_epoch_fails_goes_back_to_the_head_of_the_queue(job):
+    from concurrent.futures import Future
+
+    def failing_epochs(done, final=True):
+        raise EpochFailed("a Python worker died")
+
+    job.progress = SimpleNamespace(announce=lambda line: None)
+    job.coordinator = SimpleNamespace(stop_scheduler=lambda: None, trigger_checkpoint=lambda forced: Future())
+    job._carry_barriers_until = failing_epochs
+    first = job.stop(savepoint=False)
+    second = job.stop(savepoint=True)
+    with pytest.raises(EpochFailed):
+        job._serve_stop_request()
+    assert not first.done(), "the interrupted stop was answered or dropped"
+    assert [r.future for r in _queued(job)] == [first, second]
+
+
+def test_a_stop_the_job_ended_before_is_answered_with_how_it_ended(job):
+    job.status.transition(JobStatus.RUNNING)
+    job.status.transition(JobStatus.FAILED)
+    with_savepoint, without = job.stop(savepoint=True), job.stop(savepoint=False)
+    job._settle_stop_requests(RuntimeError("restart-strategy.type is none"))
+    for fut, what in ((with_savepoint, "a savepoint"), (without, "a last checkpoint")):
+        assert str(fut.exception(0)) == (f"job orders ended FAILED before it could stop with {what}: "
+                                         "restart-strategy.type is none")
+    assert job._stop_requests.empty()
+
+
+def test_a_job_that_finished_first_answers_a_stop_and_refuses_a_stop_with_savepoint(job):
+    job.status.transition(JobStatus.RUNNING)
+    job.status.transition(JobStatus.FINISHED)
+    with_savepoint, without = job.stop(savepoint=True), job.stop(savepoint=False)
+    job._settle_stop_requests()
+    assert without.result(0) is None  # stopped, and its final checkpoint committed the output
+    assert "finished (its input ended) before the stop with a savepoint was taken: no savepoint" in str(
+        with_savepoint.exception(0))
