@@ -254,6 +254,7 @@ def recut(d: Driver, executor_root, parallelism: int, monkeypatch) -> None:
     from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
     from sparkpoint.runtime import stage
     from sparkpoint.runtime.restore import RestoreSteps
+    from sparkpoint.state.memory import StateMemory
 
     def in_process(spark, task, p) -> dict[int, dict]:
         reports = {}
@@ -267,7 +268,8 @@ def recut(d: Driver, executor_root, parallelism: int, monkeypatch) -> None:
     lineages = Lineages("totals", parallelism, MAXP, materialize_interval_ms=3_600_000, max_changelogs=1000)
     driver = SimpleNamespace(lineages=lineages, local_root=str(executor_root), storage_ref=d.storage, P=parallelism,
                              settings=SimpleNamespace(max_parallelism=MAXP), operator=op(), _spark=None,
-                             job_name="job", progress=SimpleNamespace(announce=lambda line: None))
+                             job_name="job", progress=SimpleNamespace(announce=lambda line: None),
+                             state_memory=StateMemory())
     data = CompletedCheckpointData("job", 1, 0, 0, {"job": {"epoch": d.epoch}})
     RestoreSteps._redistribute_state(driver, data, old, d.storage, savepoint=None)
     d.lineages, d.parallelism = lineages, parallelism
