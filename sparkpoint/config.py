@@ -322,7 +322,8 @@ class Settings(_Model):
         for key, value in merged.items():
             alias = by_name.get(key, key)
             if alias not in known:
-                if key.startswith("spark.") and not key.startswith(_SPARK_CONF_PREFIX):
+                near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.85)
+                if key.startswith("spark.") and not key.startswith(_SPARK_CONF_PREFIX) and not near:
                     raise ConfigError(
                         f"unknown configuration key {key!r}: Spark's own settings go under spark.conf; "
                         f"did you mean '{_SPARK_CONF_PREFIX}{key}'? (e.g. --set {_SPARK_CONF_PREFIX}{key}=...)")

@@ -82,3 +82,9 @@ def test_every_key_has_its_own_environment_variable():
     names = [Settings.env_name(k) for k in Settings.keys()]
     assert len(set(names)) == len(names)
     assert Settings.env_name("rest.bind-address") == "SPARKPOINT_REST_BIND_ADDRESS"
+
+
+def test_a_misspelt_spark_master_is_suggested_as_itself():
+    with pytest.raises(ConfigError) as e:
+        Settings.load(sets=["spark.mastr=yarn"], environ={})
+    assert "did you mean 'spark.master'?" in str(e.value)
