@@ -50,3 +50,14 @@ def test_the_readmes_cluster_command_is_the_one_the_cluster_test_runs():
     block = re.search(r"^```bash\n(.*?)^```", section, re.S | re.M).group(1)
     tested = re.search(r"^<!-- deploy-test: spark-submit -->\n```bash\n(.*?)^```", DOC, re.S | re.M).group(1)
     assert block == tested
+
+
+def test_the_deploy_docs_yaml_example_loads_as_it_says(tmp_path):
+    """Numbers and booleans under spark.conf, as the docs show them, become Spark's strings."""
+    text = re.search(r"^\s*```yaml\n(.*?)^\s*```", _section("Configuration"), re.S | re.M).group(1)
+    f = tmp_path / "job.yaml"
+    f.write_text(text)
+    s = Settings.load(f, environ={})
+    assert s.spark_master == "yarn"
+    assert s.spark_conf == {"spark.executor.instances": "4", "spark.executor.memory": "4g",
+                            "spark.dynamicAllocation.enabled": "false"}
