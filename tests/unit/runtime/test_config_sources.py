@@ -88,3 +88,12 @@ def test_a_misspelt_spark_master_is_suggested_as_itself():
     with pytest.raises(ConfigError) as e:
         Settings.load(sets=["spark.mastr=yarn"], environ={})
     assert "did you mean 'spark.master'?" in str(e.value)
+
+
+def test_a_near_miss_environment_variable_is_flagged_with_the_right_name(caplog):
+    with caplog.at_level("WARNING", logger="sparkpoint.config"):
+        s = Settings.load(environ={"SPARKPOINT_EXECUTION_CHECKPOINTING_DIRS": "s3://b/chk"})
+    assert s.checkpoint_dir == Settings.load(environ={}).checkpoint_dir
+    assert any("SPARKPOINT_EXECUTION_CHECKPOINTING_DIRS is not a configuration key; did you mean "
+               "SPARKPOINT_EXECUTION_CHECKPOINTING_DIR (execution.checkpointing.dir)?" in r.getMessage()
+               for r in caplog.records)
