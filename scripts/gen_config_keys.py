@@ -19,8 +19,11 @@ PAGE = REPO / "docs" / "config-keys.md"
 HEADER = """# Configuration keys
 
 Generated from `sparkpoint/config.py` by `python scripts/gen_config_keys.py`; do not edit.
-Set keys in a YAML file (`--config`), with `--set key=value`, or from Python
-(`Settings.load(overrides={...})`). **Durations** take a unit: `500 ms`, `2 s`, `1 min`,
+Set keys in a YAML file (`--config`), in environment variables (`SPARKPOINT_` + the key in
+capitals with `.` and `-` as `_`, e.g. `SPARKPOINT_EXECUTION_CHECKPOINTING_DIR`), with
+`--set key=value`, or from Python (`Settings.load(overrides={...})`), later ones winning. One
+Spark setting: `--set spark.conf.spark.executor.memory=4g` (see [deploy.md](deploy.md)).
+**Durations** take a unit: `500 ms`, `2 s`, `1 min`,
 `1 h`; a bare number is milliseconds (Flink's rule), so `30` means 30 ms.
 
 | key | default | unit / type | what it is |

@@ -1,8 +1,12 @@
 """Job configuration with Flink's key names where they exist.
 
-Settable three ways, later ones winning: a YAML file (flat dotted keys, or nested
-maps that flatten to them), `--set key=value` on the command line, and keyword
-overrides from Python (`Settings.load(overrides={"execution.checkpointing.interval": "1 s"})`).
+Settable four ways, later ones winning: a YAML file (flat dotted keys, or nested
+maps that flatten to them), environment variables (`SPARKPOINT_` + the key in capitals
+with `.` and `-` as `_`: `SPARKPOINT_EXECUTION_CHECKPOINTING_DIR`; see `env_name`),
+`--set key=value` on the command line, and keyword overrides from Python
+(`Settings.load(overrides={"execution.checkpointing.interval": "1 s"})`).
+`spark.conf` merges over the layers instead of being replaced, and one Spark setting
+can be given as `spark.conf.<spark key>` (`--set spark.conf.spark.executor.memory=4g`).
 An unknown key or a bad value is one `ConfigError` naming the key, the value and
 what is accepted.
 """
@@ -10,6 +14,8 @@ what is accepted.
 from __future__ import annotations
 
 import difflib
+import logging
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -18,6 +24,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from sparkpoint.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SPARK_CONF = "spark.conf"
+_SPARK_CONF_PREFIX = SPARK_CONF + "."
+ENV_PREFIX = "SPARKPOINT_"
+# SPARKPOINT_ variables that are not configuration keys: the CLI's own and the runtime
+# directory of the control token (sparkpoint/runtime/rest/security.py).
+_ENV_NOT_KEYS = {"SPARKPOINT_LOG_LEVEL", "SPARKPOINT_REST_ADDRESS", "SPARKPOINT_RUNTIME_DIR"}
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 _UNITS_MS = {
@@ -225,8 +240,18 @@ class Settings(_Model):
     # -- end of state memory and metrics ------------------------------------------------
 
     # -- runtime -------------------------------------------------------------------
-    spark_master: str = Field("local[2]", alias="spark.master")
+    # Any master Spark accepts: `local[N]`, `spark://host:port`, `yarn`, `k8s://...`. Unset: the
+    # master spark-submit was given, else `local[2]`. Ignored for a session handed to the job
+    # (pipeline.run(spark=...), or the active session), which keeps its own master.
+    spark_master: str | None = Field(None, alias="spark.master")
+    # Spark settings for a session sparkpoint creates, over its own (docs/deploy.md, "What
+    # sparkpoint sets in Spark"); one key at a time with `spark.conf.<spark key>=value`. Values
+    # may be YAML numbers and booleans. A session handed to the job keeps its settings.
     spark_conf: dict[str, str] = Field(default_factory=dict, alias="spark.conf")
+    # On a cluster master, how long the job waits at start for a first executor to register
+    # with its driver before it stops with a line saying what to check (usually a driver
+    # address the executors cannot reach). 0: no wait. Skipped under dynamic allocation.
+    executor_registration_timeout_ms: int = Field(120_000, alias="sparkpoint.executor-registration.timeout")
     idle_pause_ms: int = Field(200, alias="sparkpoint.idle-pause")
     # Epochs sized by time (runtime/epoch_sizer.py): the sources' slices are cut until an
     # epoch takes about this long. A checkpoint completes at the end of the epoch its
@@ -260,7 +285,7 @@ class Settings(_Model):
         "checkpoint_interval_ms", "checkpoint_min_pause_ms", "checkpoint_timeout_ms", "fixed_delay_ms",
         "exp_initial_backoff_ms", "exp_max_backoff_ms", "exp_reset_threshold_ms", "failure_rate_interval_ms",
         "failure_rate_delay_ms", "lease_ttl_ms", "idle_pause_ms", "progress_interval_ms",
-        "materialize_interval_ms", "epoch_target_ms", mode="before")
+        "materialize_interval_ms", "epoch_target_ms", "executor_registration_timeout_ms", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> int:
         return parse_duration_ms(v)
@@ -280,8 +305,28 @@ class Settings(_Model):
             raise ValueError("must be a TCP port (0 = any free port)")
         return v
 
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _spark_conf(cls, v: Any) -> Any:
+        """Spark's conf is strings; YAML gives numbers and booleans (`spark.executor.instances: 4`),
+        and nested maps (`spark: {executor: {memory: 4g}}`) stand for dotted keys."""
+        if not isinstance(v, Mapping):
+            return v
+        flat: dict[str, Any] = {}
+        _flatten("", v, flat, set())
+        out = {}
+        for key, value in flat.items():
+            if isinstance(value, bool):
+                out[key] = "true" if value else "false"
+            elif isinstance(value, (int, float, str)):
+                out[key] = str(value)
+            else:
+                raise ValueError(f"{key}: Spark settings are single values (a string, number or true/false), "
+                                 f"not {type(value).__name__}")
+        return out
+
     @field_validator("tolerable_failed_checkpoints", "checkpoint_min_pause_ms", "same_failure_max_attempts",
-                     "epoch_target_ms")
+                     "epoch_target_ms", "executor_registration_timeout_ms")
     @classmethod
     def _non_negative(cls, v: int) -> int:
         if v < 0:
@@ -305,27 +350,65 @@ class Settings(_Model):
         return sorted(f.alias for f in cls.model_fields.values() if f.alias)
 
     @classmethod
+    def env_name(cls, key: str) -> str:
+        """The environment variable of a key: `SPARKPOINT_` + the key in capitals, `.` and `-`
+        as `_` (`rest.bind-address` -> `SPARKPOINT_REST_BIND_ADDRESS`). Values are read as in
+        `--set` (YAML: `4`, `true`, `{a: b}`)."""
+        return ENV_PREFIX + re.sub(r"[.-]", "_", key).upper()
+
+    @classmethod
     def load(cls, file: str | Path | None = None, sets: list[str] | None = None,
-             overrides: Mapping[str, Any] | None = None, base: Mapping[str, Any] | None = None) -> "Settings":
-        raw: dict[str, Any] = dict(base or {})
+             overrides: Mapping[str, Any] | None = None, base: Mapping[str, Any] | None = None,
+             environ: Mapping[str, str] | None = None) -> "Settings":
+        """`environ` defaults to the process environment."""
+        raw: dict[str, Any] = {}
+        _merge(raw, base or {})
         if file is not None:
-            raw.update(_read_yaml(Path(file)))
+            _merge(raw, _read_yaml(Path(file)))
+        _merge(raw, cls._from_environment(os.environ if environ is None else environ))
         for item in sets or []:
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
                 raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set execution.checkpointing.interval=2s")
-            raw[key.strip()] = yaml.safe_load(value) if value.strip() else ""
-        raw.update(overrides or {})
+            _merge(raw, {key.strip(): yaml.safe_load(value) if value.strip() else ""})
+        _merge(raw, overrides or {})
         return cls.from_mapping(raw)
+
+    @classmethod
+    def _from_environment(cls, environ: Mapping[str, str]) -> dict[str, Any]:
+        by_env = {cls.env_name(k): k for k in cls.keys()}
+        out: dict[str, Any] = {}
+        for name, value in environ.items():
+            if not name.startswith(ENV_PREFIX) or name in _ENV_NOT_KEYS:
+                continue
+            key = by_env.get(name)
+            if key is None:
+                hint = difflib.get_close_matches(name, sorted(by_env), n=1, cutoff=0.85)
+                if hint:  # other SPARKPOINT_ variables exist (tools, tests): only a near miss is flagged
+                    log.warning("environment variable %s is not a configuration key; did you mean %s (%s)?",
+                                name, hint[0], by_env[hint[0]])
+                continue
+            try:
+                out[key] = yaml.safe_load(value) if value.strip() else ""
+            except yaml.YAMLError:
+                out[key] = value
+        return out
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> "Settings":
         known = set(cls.keys())
         by_name = {name: f.alias for name, f in cls.model_fields.items()}
         data: dict[str, Any] = {}
-        for key, value in raw.items():
+        merged: dict[str, Any] = {}
+        _merge(merged, raw)
+        for key, value in merged.items():
             alias = by_name.get(key, key)
             if alias not in known:
+                near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.85)
+                if key.startswith("spark.") and not key.startswith(_SPARK_CONF_PREFIX) and not near:
+                    raise ConfigError(
+                        f"unknown configuration key {key!r}: Spark's own settings go under spark.conf; "
+                        f"did you mean '{_SPARK_CONF_PREFIX}{key}'? (e.g. --set {_SPARK_CONF_PREFIX}{key}=...)")
                 hint = difflib.get_close_matches(key, sorted(known), n=1)
                 raise ConfigError(
                     f"unknown configuration key {key!r}"
@@ -354,6 +437,23 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _merge(raw: dict[str, Any], layer: Mapping[str, Any]) -> None:
+    """Lay `layer` over `raw`: keys replace, except that Spark settings (`spark.conf` maps and
+    `spark.conf.<spark key>` entries) add to the ones already there."""
+    for key, value in layer.items():
+        name = "spark.conf" if key == "spark_conf" else key
+        if name == SPARK_CONF and isinstance(value, Mapping):
+            raw[SPARK_CONF] = {**_as_map(raw.get(SPARK_CONF)), **value}
+        elif name.startswith(_SPARK_CONF_PREFIX) and len(name) > len(_SPARK_CONF_PREFIX):
+            raw[SPARK_CONF] = {**_as_map(raw.get(SPARK_CONF)), name[len(_SPARK_CONF_PREFIX):]: value}
+        else:
+            raw[name if name == SPARK_CONF else key] = value
+
+
+def _as_map(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any], dict_keys: set[str]) -> None:

@@ -82,14 +82,15 @@ class Pipeline:
         if self.sink_ is None:
             raise ConfigError("the pipeline has no sink: call .sink(...)")
 
-    def run(self, config: str | None = None, sets: list[str] | None = None, **overrides: Any):
+    def run(self, config: str | None = None, sets: list[str] | None = None, *, spark: Any = None, **overrides: Any):
         """Run until the source is exhausted or the job is cancelled: `sparkpoint.run(self, ...)`.
-        Keyword overrides use python names or Flink keys via a dict:
-        run(overrides={"parallelism.default": 4})."""
+        `spark`: the SparkSession to run in (default: the active one, else one sparkpoint
+        creates); it keeps its settings and is not stopped. Keyword overrides use python
+        names or Flink keys via a dict: run(overrides={"parallelism.default": 4})."""
         if _launcher is None:
             raise RuntimeError("no job launcher installed: import sparkpoint (its __init__ installs "
                                "sparkpoint.job.run)")
-        return _launcher(self, config, sets, **overrides)
+        return _launcher(self, config, sets, spark=spark, **overrides)
 
 
 # The builder knows nothing of the runtime (pyproject.toml's import contracts forbid

@@ -64,6 +64,7 @@ def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...], save
     """Run a pipeline until its input ends or it is stopped (Ctrl-C / SIGTERM)."""
     from sparkpoint.config import Settings
     from sparkpoint.runtime.jobmaster import JobMaster
+    from sparkpoint.runtime.spark import active_session
     from sparkpoint.runtime.status import JobStatus
 
     try:
@@ -77,7 +78,8 @@ def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...], save
         click.echo(f"sparkpoint: job {settings.job_name}: checkpoints in "
                    f"{os.path.abspath(settings.checkpoint_dir) if '://' not in settings.checkpoint_dir else settings.checkpoint_dir}"
                    f", every {settings.checkpoint_interval_ms} ms")
-        result = JobMaster(pipeline, settings).run()
+        # A session the pipeline file made itself is the job's, with its settings, as in sparkpoint.run.
+        result = JobMaster(pipeline, settings, spark=active_session()).run()
     except SparkpointError as e:
         click.echo(f"sparkpoint: error: {e}", err=True)
         sys.exit(2)

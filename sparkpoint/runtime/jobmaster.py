@@ -63,7 +63,7 @@ from sparkpoint.runtime.restart import restart_strategy_from
 from sparkpoint.runtime.restore import RestoreSteps
 from sparkpoint.runtime.savepoints import SavepointSteps, one_savepoint_at_a_time
 from sparkpoint.runtime.snapshots import SnapshotSteps
-from sparkpoint.runtime.spark import get_or_create_spark
+from sparkpoint.runtime.spark import await_executors, create_session, is_local, master_to_create, session_master
 from sparkpoint.runtime.stage import run_epoch
 from sparkpoint.runtime.status import JobStatus, JobStatusTracker
 from sparkpoint.runtime.executor.storage import StorageRef
@@ -111,7 +111,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         checkpoints = settings.checkpoint_dir if "://" in settings.checkpoint_dir else os.path.abspath(
             settings.checkpoint_dir)
         local = job_local_root(settings.local_state_dir, self.job_name, checkpoints)
-        self.local_root = os.path.abspath(local) if settings.spark_master.startswith("local") else local
+        # A session handed to the job keeps its own master; else spark.master, spark-submit's, local[2].
+        self.spark_master = ((session_master(spark) if spark is not None else None)
+                             or master_to_create(settings.spark_master))
+        self.local_root = os.path.abspath(local) if is_local(self.spark_master) else local
         self.state_memory = StateMemory.from_settings(settings)  # each Python worker's, shipped with its tasks
         if self.operator is not None:
             m = self.state_memory
@@ -214,7 +217,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             start_http_server(s.metrics_port, addr=s.metrics_bind_address, registry=self.coordinator.stats.registry)
         if self._spark is None:
             self._owns_spark = True
-            self._spark = get_or_create_spark(s.spark_master, f"sparkpoint:{self.job_name}", self.P, s.spark_conf)
+            self._spark = create_session(self.spark_master, f"sparkpoint:{self.job_name}", self.P, s.spark_conf)
+        else:
+            self._warn_settings_for_own_sessions()
+        await_executors(self._spark, s.executor_registration_timeout_ms)
         if self.operator is not None:
             from sparkpoint.runtime.user_code import ship_by_value
 
@@ -229,6 +235,17 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                                   dict(s.storage_options))
         self.source.open(SourceContext(self._spark, self.job_name))
         self.sink.open(self.job_name)
+
+    def _warn_settings_for_own_sessions(self) -> None:
+        """spark.master and spark.conf configure a session sparkpoint creates; the one
+        handed to this job runs as its owner set it up."""
+        s = self.settings
+        if s.spark_master and s.spark_master != self.spark_master:
+            log.warning("spark.master=%s is not used: the job runs in the Spark session it was given (master %s)",
+                        s.spark_master, self.spark_master)
+        if s.spark_conf:
+            log.warning("spark.conf (%s) is not applied: the job runs in the Spark session it was given, with that "
+                        "session's settings", ", ".join(sorted(s.spark_conf)))
 
     def _on_lease_lost(self, error: BaseException) -> None:
         self._fatal = error
@@ -463,7 +480,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         """On a local master the driver's disk is the executors': a state.local.dir that
         cannot be a directory would fail every epoch on the executors, restart after
         restart. Checked before anything starts."""
-        if not self.settings.spark_master.startswith("local"):
+        if not is_local(self.spark_master):
             return
         try:
             os.makedirs(self.local_root, exist_ok=True)

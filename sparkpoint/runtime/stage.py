@@ -171,6 +171,13 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     out = rows.mapInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
     data, meta = split_meta(out, op.output_schema)
     seen = {r[META_SUBTASK] for r in meta}
+    skipped = sorted(set(range(task.parallelism)) - seen)
+    if skipped and out.num_rows == 0:
+        # Adaptive execution (on in a user's own session) replaces a shuffle that came out
+        # empty by an empty relation: no task ran. The subtasks still take their turn.
+        data, late_meta = _run_without_input(spark, task, skipped, in_schema, schema)
+        meta += late_meta
+        seen = {r[META_SUBTASK] for r in meta}
     missing = set(range(task.parallelism)) - seen
     if missing:  # cannot happen unless Spark dropped a group; never checkpoint over it
         raise RuntimeError(f"subtasks {sorted(missing)} did not report for epoch {epoch}")
@@ -188,6 +195,24 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
         {r[META_SUBTASK]: r[META_MS] for r in meta},
         infos, [h for i in sorted(infos) for h in infos[i].get("sink", [])],
     )
+
+
+def _run_without_input(spark, task: EpochTask, subtasks: list[int], in_schema: pa.Schema,
+                       schema: pa.Schema) -> tuple[pa.Table, list[dict]]:
+    """Run `subtasks` over no rows, one Spark task each (a plan without a shuffle, which
+    adaptive execution leaves as it is): their output (timers fire without input) and meta rows."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    def apply_subtask(batches):
+        from pyspark import TaskContext
+
+        for _ in batches:
+            pass
+        yield from task.run(subtasks[TaskContext.get().partitionId()], in_schema.empty_table()).to_batches()
+
+    ticks = spark.range(0, len(subtasks), 1, len(subtasks))
+    out = ticks.mapInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
+    return split_meta(out, task.operator.output_schema)
 
 
 def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from sparkpoint.testing.spark_cluster import StandaloneCluster
+from sparkpoint.testing.spark_cluster import StandaloneCluster, spark_conf
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +37,13 @@ def _all_workers_alive(request):
         for i, pid in enumerate(c.worker_pids):
             if pid is None:
                 c.start_worker(i)
+
+
+@pytest.fixture
+def spark_defaults_dir(cluster, tmp_path):
+    """A SPARK_CONF_DIR whose spark-defaults.conf sizes jobs for the small cluster, so the
+    commands under test stay exactly as the docs write them."""
+    conf = tmp_path / "spark-conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in spark_conf(cluster).items()))
+    return conf

@@ -11,14 +11,22 @@ dies mid-run, or the driver is SIGKILLed and the same command is run again.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
+import pandas as pd
+import pyarrow.dataset as ds
 import pytest
 
 from sparkpoint.testing.spark_cluster import spark_settings
-from tests.e2e.harness import AGGREGATE_PIPELINE, Job, Proc, canonical
+from tests.e2e.harness import AGGREGATE_PIPELINE, REPO, Job, Proc, canonical
 
 pytestmark = pytest.mark.cluster
 
@@ -149,3 +157,108 @@ def test_cluster_driver_killed_rerun_resumes_exactly_once(cluster, reference, tm
     assert "resuming from checkpoint" in second.text or "restores checkpoint" in second.text, second.text[-3000:]
     assert canonical(job.output(), drop=()) == reference
     _assert_driver_wrote_no_state(cluster)
+
+
+# ---------------------------------------------------------------- docs/deploy.md, as written
+DEPLOY_DOC = REPO / "docs" / "deploy.md"
+CLICKS_JOB = "clicks-per-minute"
+T0 = datetime(2024, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def deploy_block(name: str) -> str:
+    m = re.search(rf"^<!-- deploy-test: {name} -->\n```\w+\n(.*?)^```", DEPLOY_DOC.read_text(), re.S | re.M)
+    assert m, f"docs/deploy.md has no block marked deploy-test: {name}"
+    return m.group(1)
+
+
+def _clicks(n: int = 1_200) -> pd.DataFrame:
+    return pd.DataFrame([{"key": i % 11, "t": T0 + timedelta(seconds=i * 0.7 + (-1) ** i * (i % 5) * 0.3)}
+                         for i in range(n)])
+
+
+class DeployDocRun:
+    """One of docs/deploy.md's command blocks in a fresh directory holding the docs' pipeline
+    file, `.venv` (this venv) and the input; only the master URL and the /shared and
+    /mnt/local-ssd paths are pointed at the test's cluster and directories."""
+
+    def __init__(self, cluster, root, spark_defaults_dir):
+        self.root, self.cluster = root, cluster
+        self.shared = root / "shared"
+        (root / ".venv").symlink_to(sys.prefix)
+        (root / "clicks_job.py").write_text(self._placed(deploy_block("pipeline")))
+        self.events = _clicks()
+        inbox = self.shared / "clicks"
+        inbox.mkdir(parents=True)
+        for f, start in enumerate(range(0, len(self.events), 300)):
+            rows = self.events.iloc[start:start + 300]
+            (inbox / f"part-{f:03d}.json").write_text(
+                "".join(json.dumps({"key": int(r.key), "ts": r.t.isoformat()}) + "\n" for r in rows.itertuples()))
+        # A user who did not activate the venv: its bin is not on PATH.
+        path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                               if Path(p).resolve() != Path(sys.prefix, "bin").resolve())
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("PYSPARK_", "SPARK_", "SPARKPOINT_", "VIRTUAL_ENV"))}
+        self.env.update(PATH=path, SPARK_CONF_DIR=str(spark_defaults_dir), SPARKPOINT_REST_PORT="0",
+                        PYTHONUNBUFFERED="1")
+
+    def _placed(self, text: str) -> str:
+        return (text.replace("spark://master-host:7077", self.cluster.master_url)
+                .replace("/mnt/local-ssd/sparkpoint", str(self.cluster.state_path))
+                .replace("/shared/", f"{self.shared}/"))
+
+    def run(self, block: str, timeout: float = 400) -> Proc:
+        script = self.root / f"{block}.sh"
+        script.write_text("set -e\n" + self._placed(deploy_block(block)))
+        proc = Proc(subprocess.Popen(["bash", str(script)], cwd=self.root, env=self.env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        try:
+            proc.popen.wait(timeout)
+        finally:
+            proc.kill9()
+            (self.root / f"{block}.log").write_text(proc.text)
+        return proc
+
+    def windows(self) -> list[tuple]:
+        out = ds.dataset(str(self.shared / "clicks-per-minute"), format="parquet", partitioning="hive",
+                         ignore_prefixes=["_", "."]).to_table().to_pandas()
+        return sorted(zip(out.key, out.window_start, out["count"]))
+
+    def reference(self) -> list[tuple]:
+        expected = self.events.assign(start=self.events.t.dt.floor("60s")).groupby(["key", "start"]).size()
+        return sorted((k, pd.Timestamp(s), n) for (k, s), n in expected.items())
+
+
+@pytest.mark.parametrize("block", ["spark-submit", "sparkpoint-run"])
+def test_deploy_doc_commands_run_on_the_cluster_exactly_once(cluster, tmp_path, spark_defaults_dir,
+                                                             driver_state_view, block):
+    """`spark-submit --master spark://...` (and `sparkpoint run --set spark.master=...`) run
+    on the master they were given, the executors on the venv's Python, keys from the
+    environment: the committed windows equal pandas' over the same input."""
+    run = DeployDocRun(cluster, tmp_path, spark_defaults_dir)
+    proc = run.run(block)
+    assert proc.popen.returncode == 0, proc.text[-4000:]
+    assert run.windows() == run.reference()
+    _assert_driver_wrote_no_state(cluster)
+    # The subtasks ran on the workers: their state is on the workers' own disks.
+    assert _job_state(cluster, 0, CLICKS_JOB) or _job_state(cluster, 1, CLICKS_JOB), proc.text[-3000:]
+
+
+def test_a_driver_the_executors_cannot_reach_stops_with_one_line(cluster, tmp_path, spark_defaults_dir):
+    """A driver advertised on an address the workers cannot connect to (here 127.0.0.2, where
+    nothing listens) gets no executor; instead of Spark's endless "Initial job has not
+    accepted any resources" the job stops with one line naming the address and what to set."""
+    run = DeployDocRun(cluster, tmp_path, spark_defaults_dir)
+    cmd = [sys.executable, "-m", "sparkpoint.ops.cli", "run", "clicks_job.py",
+           "--set", f"spark.master={cluster.master_url}",
+           "--set", "spark.conf.spark.driver.host=127.0.0.2", "--set", "spark.conf.spark.driver.bindAddress=127.0.0.1",
+           "--set", "sparkpoint.executor-registration.timeout=20 s",
+           "--set", f"execution.checkpointing.dir={run.shared / 'checkpoints'}",
+           "--set", f"state.local.dir={cluster.state_path}"]
+    # Without the wait the job would hang here for ever: the timeout fails the test.
+    done = subprocess.run(cmd, cwd=tmp_path, env={**run.env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+                          capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("sparkpoint: error:")]
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert "127.0.0.2" in errors[0] and "cannot connect back to the driver" in errors[0]
+    assert "spark.conf.spark.driver.host" in errors[0] and cluster.master_url in errors[0]
