@@ -144,6 +144,8 @@ class Settings(_Model):
 
     # -- runtime -------------------------------------------------------------------
     spark_master: str = Field("local[2]", alias="spark.master")
+    # A Spark Connect server to run on instead (sc://HOST:PORT); Spark's SPARK_REMOTE too.
+    spark_remote: str | None = Field(None, alias="spark.remote")
     spark_conf: dict[str, str] = Field(default_factory=dict, alias="spark.conf")
     idle_pause_ms: int = Field(200, alias="sparkpoint.idle-pause")
     # Epochs sized by time (runtime/epoch_sizer.py): the sources' slices are cut until an

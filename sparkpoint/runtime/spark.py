@@ -24,7 +24,13 @@ def check_java() -> str:
 
 
 def get_or_create_spark(master: str = "local[2]", app_name: str = "sparkpoint", shuffle_partitions: int = 2,
-                        extra_conf: dict[str, str] | None = None):
+                        extra_conf: dict[str, str] | None = None, remote: str | None = None):
+    """`remote` (or Spark's SPARK_REMOTE): a session on that Spark Connect server instead."""
+    remote = remote or os.environ.get("SPARK_REMOTE")
+    if remote:
+        from sparkpoint.runtime.connect import connect_session
+
+        return connect_session(remote, shuffle_partitions, extra_conf)
     check_java()
     # Everything binds to loopback: an embedded local run needs no network.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -48,8 +54,11 @@ def get_or_create_spark(master: str = "local[2]", app_name: str = "sparkpoint", 
     for k, v in (extra_conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    _quiet_task_failures(spark)
+    from sparkpoint.runtime.connect import is_connect
+
+    if not is_connect(spark):  # a Connect session logs on its server: nothing to quiet here
+        spark.sparkContext.setLogLevel("ERROR")
+        _quiet_task_failures(spark)
     return spark
 
 
