@@ -602,6 +602,10 @@ class KafkaSource(Source):
             return self._reader_kind
         if self._client_config and not self._spark_options:
             return "confluent"
+        if type(spark).__module__.startswith("pyspark.sql.connect."):
+            log.info("Kafka source %s reads with the confluent reader: over Spark Connect the client cannot see "
+                     "whether the server has Spark's Kafka connector (reader='spark' uses it)", self.name)
+            return "confluent"
         chosen: Reader = "spark" if _spark_has_kafka_connector(spark) else "confluent"
         log.info("Kafka source %s reads with the %s reader", self.name, chosen)
         return chosen
@@ -734,7 +738,7 @@ def _spark_has_kafka_connector(spark: Any) -> bool:
         jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
             "kafka", spark._jsparkSession.sessionState().conf())
         return True
-    except Exception:  # not on the classpath, or no JVM access (Spark Connect)
+    except Exception:  # not on the classpath
         return False
 
 
