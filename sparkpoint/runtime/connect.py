@@ -67,17 +67,16 @@ def connect_session(remote: str, shuffle_partitions: int, extra_conf: Mapping[st
 def check_server_runs_sparkpoint(spark) -> None:
     """The server's Python workers run the job's steps: they must import sparkpoint, the
     same version as here. One small Spark job asks them."""
-    import pyarrow as pa
+    import importlib
+    import sys
 
-    import sparkpoint
+    import pyarrow as pa
 
     def version(batches):
         for _ in batches:
             pass
         try:
-            import sparkpoint as on_server
-
-            found = getattr(on_server, "__version__", "unknown")
+            found = getattr(importlib.import_module("sparkpoint"), "__version__", "unknown")
         except ImportError as e:
             found = f"missing: {e}"
         yield pa.RecordBatch.from_pylist([{"version": found}], schema=pa.schema([("version", pa.string())]))
@@ -87,7 +86,9 @@ def check_server_runs_sparkpoint(spark) -> None:
     except Exception as e:  # noqa: BLE001 - the server's own error, in one line
         raise ConfigError(f"the Spark Connect server could not run a Python step ({_first_line(e)}); "
                           "its Python workers need pyarrow and sparkpoint installed") from None
-    found, here = row["version"], getattr(sparkpoint, "__version__", "unknown")
+    # The package root (loaded: this module is part of it) is read, not imported: it
+    # installs the job launcher, a layer above the runtime.
+    found, here = row["version"], getattr(sys.modules["sparkpoint"], "__version__", "unknown")
     if found.startswith("missing"):
         raise ConfigError(f"the Spark Connect server's Python workers cannot import sparkpoint ({found[9:]}): "
                           f"install sparkpoint=={here} in the server's Python environment (PYSPARK_PYTHON of "
