@@ -23,7 +23,7 @@ from connect_server import REPO, connect_server, missing_client_modules
 
 from tests.e2e.harness import canonical, read_output
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 JOB_SCRIPT = Path(__file__).with_name("connect_job.py")
 
