@@ -13,6 +13,7 @@ import logging
 from typing import Any, Mapping
 
 from sparkpoint.errors import ConfigError
+from sparkpoint.redaction import mask_url
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +35,14 @@ def connect_session(remote: str, shuffle_partitions: int, extra_conf: Mapping[st
     execution off (as for the sessions sparkpoint creates itself), then `spark.conf`.
     Keys Spark Connect cannot set from a client are named in one warning."""
     if not remote.startswith("sc://"):
-        raise ConfigError(f"spark.remote={remote!r} is not a Spark Connect URL; use sc://HOST:PORT "
+        raise ConfigError(f"spark.remote={mask_url(remote)!r} is not a Spark Connect URL; use sc://HOST:PORT "
                           "(e.g. sc://127.0.0.1:15002)")
     try:
         from pyspark.sql.connect.utils import check_dependencies
 
         check_dependencies()
     except ImportError as e:
-        raise ConfigError(f"spark.remote={remote} needs the Spark Connect client, which is not installed "
+        raise ConfigError(f"spark.remote={mask_url(remote)} needs the Spark Connect client, which is not installed "
                           f"({e}); install it with `pip install 'pyspark[connect]'` "
                           "(grpcio, grpcio-status, googleapis-common-protos, zstandard)") from None
     from pyspark.sql import SparkSession

@@ -156,3 +156,18 @@ def test_a_server_with_another_sparkpoint_version_is_a_warning(monkeypatch, capl
     assert [r.getMessage() for r in caplog.records] == [
         "the Spark Connect server's Python workers run sparkpoint 0.0.2-server, this driver 0.0.1-driver: "
         "install the same version on both"]
+
+
+def test_a_connect_urls_token_is_never_shown():
+    from sparkpoint.redaction import MASK, mask_url, masked
+
+    url = "sc://workspace.example:443/;token=dapi-SECRET;x-databricks-cluster-id=0123;use_ssl=true"
+    shown = f"sc://workspace.example:443/;token={MASK};x-databricks-cluster-id=0123;use_ssl=true"
+    assert mask_url(url) == shown
+    assert masked("spark.remote", url) == shown
+
+
+def test_a_bad_remote_is_refused_without_showing_its_token():
+    with pytest.raises(ConfigError) as e:
+        connect_session("grpc://workspace.example:443/;token=dapi-SECRET", 2)
+    assert "dapi-SECRET" not in str(e.value)
