@@ -102,6 +102,8 @@ DESCRIPTIONS = {  # keys whose field has no comment in config.py
                         "location, so runs of one job name with different checkpoint directories never share them"),
     "restore.mode": "`latest` resumes from the latest checkpoint; `empty` starts from scratch on purpose",
     "spark.master": "any master Spark accepts: `local[N]`, `spark://`, `yarn`, `k8s://`",
+    "spark.remote": "a Spark Connect server to run on instead of a master: `sc://HOST:PORT` "
+                    "(Spark's `SPARK_REMOTE` when unset; docs/connect.md)",
     "spark.conf": "extra Spark settings",
     "sparkpoint.idle-pause": "sleep between polls of a source with no new input",
     "sparkpoint.progress": "the progress line on stdout",

@@ -247,6 +247,8 @@ class Settings(_Model):
     # Spark settings for a session sparkpoint creates, over its own (docs/deploy.md, "What
     # sparkpoint sets in Spark"); one key at a time with `spark.conf.<spark key>=value`. Values
     # may be YAML numbers and booleans. A session handed to the job keeps its settings.
+    # A Spark Connect server to run on instead (sc://HOST:PORT); Spark's SPARK_REMOTE too.
+    spark_remote: str | None = Field(None, alias="spark.remote")
     spark_conf: dict[str, str] = Field(default_factory=dict, alias="spark.conf")
     # On a cluster master, how long the job waits at start for a first executor to register
     # with its driver before it stops with a line saying what to check (usually a driver

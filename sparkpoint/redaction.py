@@ -18,6 +18,8 @@ _SECRET_KEY = re.compile(
     r"|(access|private|api|account|encryption|sas)[._-]?key|(^|[._-])key$",
     re.IGNORECASE)
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+# Spark Connect's parameters, after the path: sc://host:port/;token=...;user_id=...
+_CONNECT_PARAM = re.compile(r"(?<=;)([^;=/\s]+)=([^;\s]*)")
 
 
 def is_secret_key(key: str) -> bool:
@@ -41,6 +43,8 @@ def masked(key: str, value: Any) -> Any:
 def mask_url(text: str) -> str:
     """A URL (or any text holding one) without user:password and secret query values."""
     text = _USERINFO.sub(MASK + "@", text)
+    if "://" in text and "/;" in text:
+        text = _CONNECT_PARAM.sub(lambda m: f"{m[1]}={MASK}" if is_secret_key(m[1]) else m[0], text)
     if "?" not in text or "://" not in text and not text.startswith("/"):
         return text
     try:

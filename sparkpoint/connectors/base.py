@@ -51,6 +51,16 @@ class SlicePlan:
         return all(self.start.get(s) == e for s, e in self.end.items())
 
 
+def empty_frame(spark: Any, struct: Any):
+    """A DataFrame of no rows with the columns of `struct` (a StructType), for an empty
+    slice. Not `createDataFrame([])`: over Spark Connect that is an empty local relation,
+    which Spark's optimizer folds through the epoch's repartition, so no task runs and
+    the subtasks never take their part of the epoch. An empty range stays a scan."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0, 0, 1, 1).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in struct.fields])
+
+
 @dataclass
 class SourceContext:
     spark: Any  # pyspark.sql.SparkSession; typed loosely so this module imports without Spark

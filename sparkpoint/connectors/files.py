@@ -44,7 +44,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sparkpoint.connectors.base import Positions, SlicePlan, Source, SourceContext
+from sparkpoint.connectors.base import Positions, SlicePlan, Source, SourceContext, empty_frame
 from sparkpoint.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class FileSource(Source):
             self._cached.unpersist()
             self._cached = None
         if not new:
-            return self._spark.createDataFrame([], self._output_struct())
+            return empty_frame(self._spark, self._output_struct())
         paths = [os.path.join(self.path, n) for n in new]
         if self.format == "parquet":
             return self._spark.read.schema(self._schema).options(**self.options).parquet(*paths)

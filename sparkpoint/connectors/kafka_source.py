@@ -27,7 +27,7 @@ import pyarrow as pa
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
-from sparkpoint.connectors.base import Positions, SlicePlan, Source, SourceContext
+from sparkpoint.connectors.base import Positions, SlicePlan, Source, SourceContext, empty_frame
 from sparkpoint.connectors.kafka_common import (
     RECORD_ARROW_SCHEMA, RECORD_SCHEMA_DDL, KafkaDataLossError, RateLimitedLog, consumer_config,
     parse_split, split_id)
@@ -340,10 +340,7 @@ class ConfluentReader:
                 for row in batch.to_pylist():
                     yield from _read_range(config, OffsetRange(**row), batch_rows, stall)
 
-        plan = spark.sparkContext.parallelize(
-            [(r.topic, r.partition, r.start, r.end) for r in ranges], len(ranges))
-        ranges_df = spark.createDataFrame(plan, "topic string, partition int, start long, end long")
-        return ranges_df.mapInArrow(read_batches, RECORD_SCHEMA_DDL)
+        return _one_range_per_task(spark, ranges).mapInArrow(read_batches, RECORD_SCHEMA_DDL)
 
 
 class SparkKafkaReader:
@@ -549,7 +546,9 @@ class KafkaSource(Source):
     def read(self, plan: SlicePlan) -> Any:
         ranges = self._ranges(plan)
         if not ranges:
-            return self._spark.createDataFrame([], RECORD_SCHEMA_DDL)
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            return empty_frame(self._spark, from_arrow_schema(RECORD_ARROW_SCHEMA))
         return self._reader().read(self._spark, ranges)
 
     def lag(self, positions: Positions) -> Mapping[str, int]:
@@ -602,6 +601,10 @@ class KafkaSource(Source):
         if self._reader_kind != "auto":
             return self._reader_kind
         if self._client_config and not self._spark_options:
+            return "confluent"
+        if type(spark).__module__.startswith("pyspark.sql.connect."):
+            log.info("Kafka source %s reads with the confluent reader: over Spark Connect the client cannot see "
+                     "whether the server has Spark's Kafka connector (reader='spark' uses it)", self.name)
             return "confluent"
         chosen: Reader = "spark" if _spark_has_kafka_connector(spark) else "confluent"
         log.info("Kafka source %s reads with the %s reader", self.name, chosen)
@@ -711,13 +714,31 @@ class KafkaSource(Source):
         return end
 
 
+def _one_range_per_task(spark: Any, ranges: Sequence[OffsetRange]) -> Any:
+    """The offset ranges as a DataFrame whose partition i holds range i alone, so each is
+    read by a task of its own. Built from `spark.range` and literals, which a Spark
+    Connect session has too (it has no SparkContext to `parallelize` with)."""
+    from pyspark.sql import functions as F
+
+    nth = F.col("id").cast("int") + 1
+
+    def column(values: list[Any], sql_type: str, name: str):
+        return F.element_at(F.array(*[F.lit(v) for v in values]), nth).cast(sql_type).alias(name)
+
+    return spark.range(0, len(ranges), 1, len(ranges)).select(
+        column([r.topic for r in ranges], "string", "topic"),
+        column([r.partition for r in ranges], "int", "partition"),
+        column([r.start for r in ranges], "bigint", "start"),
+        column([r.end for r in ranges], "bigint", "end"))
+
+
 def _spark_has_kafka_connector(spark: Any) -> bool:
     try:
         jvm = spark._jvm
         jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
             "kafka", spark._jsparkSession.sessionState().conf())
         return True
-    except Exception:  # not on the classpath, or no JVM access (Spark Connect)
+    except Exception:  # not on the classpath
         return False
 
 

@@ -44,6 +44,7 @@ from sparkpoint.config import Settings
 from sparkpoint.connectors.base import Positions, SourceContext
 from sparkpoint.errors import ConfigError, JobFailedError, LeaseLostError, NoValidCheckpointError
 from sparkpoint.faults import ParticipantFaults
+from sparkpoint.runtime.connect import check_server_runs_sparkpoint, is_connect, observe, observed
 from sparkpoint.runtime.epoch_sizer import EpochSizer
 from sparkpoint.runtime.progress import ProgressReporter
 from sparkpoint.runtime.failures import (
@@ -217,9 +218,12 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             start_http_server(s.metrics_port, addr=s.metrics_bind_address, registry=self.coordinator.stats.registry)
         if self._spark is None:
             self._owns_spark = True
-            self._spark = create_session(self.spark_master, f"sparkpoint:{self.job_name}", self.P, s.spark_conf)
+            self._spark = create_session(self.spark_master, f"sparkpoint:{self.job_name}", self.P, s.spark_conf,
+                                         remote=s.spark_remote)
         else:
             self._warn_settings_for_own_sessions()
+        if is_connect(self._spark):
+            check_server_runs_sparkpoint(self._spark)
         await_executors(self._spark, s.executor_registration_timeout_ms)
         if self.operator is not None:
             from sparkpoint.runtime.user_code import ship_by_value
@@ -314,6 +318,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         PySpark already starts the JVM ignoring SIGINT for the same reason; SIGTERM is ignored
         there too, so the driver decides. The JVM still ends with the driver: it exits when
         the driver's pipe to it closes."""
+        if is_connect(self._spark):  # the server's JVM is no child of this process
+            return
         try:
             jvm = self._spark.sparkContext._jvm
             jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal("TERM"), jvm.sun.misc.SignalHandler.SIG_IGN)
@@ -678,11 +684,9 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     @staticmethod
     def _counted_source(df, epoch: int):
         """The source's rows with their count observed (collected by the epoch's one action)."""
-        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        read = Observation(f"source-{epoch}")
-        return df.observe(read, F.count(F.lit(1)).alias("n")), read
+        return observe(df, f"source-{epoch}", F.count(F.lit(1)).alias("n"))
 
     @staticmethod
     def _source_records(read, fallback: int) -> int:
@@ -691,9 +695,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         if read is None:
             return fallback
         try:
-            if not read._jo.future().isCompleted():  # Observation.get would wait forever
-                return fallback
-            return int(read.get.get("n", 0))
+            metrics = observed(read)
+            return fallback if metrics is None else int(metrics.get("n", 0))
         except Exception:  # noqa: BLE001 - a count for the progress line, never a reason to fail
             return fallback
 

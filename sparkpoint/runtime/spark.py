@@ -126,10 +126,16 @@ def master_to_create(configured: str | None) -> str:
 
 # ---------------------------------------------------------------- a session of sparkpoint's own
 def create_session(master: str, app_name: str = "sparkpoint", parallelism: int = 2,
-                   user_conf: dict[str, str] | None = None):
+                   user_conf: dict[str, str] | None = None, remote: str | None = None):
     """Get or create a session with `own_settings` under `user_conf`. If this process
     already has a session, Spark hands that one back with its settings unchanged apart
-    from runtime SQL settings: callers that want the user's session use it directly."""
+    from runtime SQL settings: callers that want the user's session use it directly.
+    `remote` (or Spark's SPARK_REMOTE): a session on that Spark Connect server instead."""
+    remote = remote or os.environ.get("SPARK_REMOTE")
+    if remote:
+        from sparkpoint.runtime.connect import connect_session
+
+        return connect_session(remote, parallelism, user_conf)
     check_java()
     if is_local(master):
         # A local run binds to loopback and its workers are this interpreter (another
@@ -146,15 +152,18 @@ def create_session(master: str, app_name: str = "sparkpoint", parallelism: int =
     for k, v in (user_conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    _quiet_task_failures(spark)
+    from sparkpoint.runtime.connect import is_connect
+
+    if not is_connect(spark):  # a Connect session logs on its server: nothing to quiet here
+        spark.sparkContext.setLogLevel("ERROR")
+        _quiet_task_failures(spark)
     return spark
 
 
 def get_or_create_spark(master: str = DEFAULT_MASTER, app_name: str = "sparkpoint", shuffle_partitions: int = 2,
-                        extra_conf: dict[str, str] | None = None):
+                        extra_conf: dict[str, str] | None = None, remote: str | None = None):
     """A session of sparkpoint's own (tests and benchmarks use it directly)."""
-    return create_session(master, app_name, shuffle_partitions, extra_conf)
+    return create_session(master, app_name, shuffle_partitions, extra_conf, remote=remote)
 
 
 def _quiet_task_failures(spark) -> None:

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
+from sparkpoint.runtime.connect import observe, observed
 from sparkpoint.runtime.executor.subtask import (
     META_ERROR,
     META_INFO,
@@ -56,17 +57,15 @@ class EpochResult:
 
 
 def _observe(df, event_time_column: str | None, epoch: int):
-    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    obs = Observation(f"epoch-{epoch}")
     metrics = [F.count(F.lit(1)).alias("n")]
     if event_time_column:
         # Refuses a column of another type with one ConfigError, before any work runs.
         ts = event_time.spark_ms(df, event_time_column, f".watermark({event_time_column!r}, ...)")
         metrics.append(F.max(ts).alias("max_ts"))
     # Observed metrics are collected by the epoch's one action: no extra Spark job.
-    return df.observe(obs, *metrics), obs
+    return observe(df, f"epoch-{epoch}", *metrics)
 
 
 def _pre_aggregate_counting(op, df, event_time_column: str | None, epoch: int):
@@ -170,21 +169,18 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
 
     out = rows.mapInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
     data, meta = split_meta(out, op.output_schema)
+    if not meta:  # Spark ran no task at all: it knew the input was empty (see _no_rows_per_subtask)
+        out = _no_rows_per_subtask(spark, rows, task.parallelism).mapInArrow(
+            apply_subtask, from_arrow_schema(schema)).toArrow()
+        data, meta = split_meta(out, op.output_schema)
     seen = {r[META_SUBTASK] for r in meta}
-    skipped = sorted(set(range(task.parallelism)) - seen)
-    if skipped and out.num_rows == 0:
-        # Adaptive execution (on in a user's own session) replaces a shuffle that came out
-        # empty by an empty relation: no task ran. The subtasks still take their turn.
-        data, late_meta = _run_without_input(spark, task, skipped, in_schema, schema)
-        meta += late_meta
-        seen = {r[META_SUBTASK] for r in meta}
     missing = set(range(task.parallelism)) - seen
     if missing:  # cannot happen unless Spark dropped a group; never checkpoint over it
         raise RuntimeError(f"subtasks {sorted(missing)} did not report for epoch {epoch}")
     infos = {r[META_SUBTASK]: json.loads(r[META_INFO]) for r in meta}
-    if obs is not None:
-        m = obs.get
-        records, max_ts = int(m.get("n", 0)), m.get("max_ts")
+    metrics = observed(obs) if obs is not None else None
+    if metrics is not None:
+        records, max_ts = int(metrics.get("n", 0)), metrics.get("max_ts")
     else:
         records = sum(int(i.get("input") or 0) for i in infos.values())
         max_ts = max((i["max_ts"] for i in infos.values() if i.get("max_ts") is not None), default=None)
@@ -197,28 +193,23 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     )
 
 
-def _run_without_input(spark, task: EpochTask, subtasks: list[int], in_schema: pa.Schema,
-                       schema: pa.Schema) -> tuple[pa.Table, list[dict]]:
-    """Run `subtasks` over no rows, one Spark task each (a plan without a shuffle, which
-    adaptive execution leaves as it is): their output (timers fire without input) and meta rows."""
-    from pyspark.sql.pandas.types import from_arrow_schema
+def _no_rows_per_subtask(spark, rows, parallelism: int):
+    """`rows`' columns, no rows, in `parallelism` partitions that each run a task. When
+    Spark can tell an epoch's input is empty it runs no task over it: the optimizer folds
+    an empty local relation (what `createDataFrame([])` or `limit(0)` make, over Spark
+    Connect too) through the repartition, and adaptive execution (on in sessions sparkpoint
+    did not create) drops the stages after a shuffle that produced nothing. Every subtask
+    must still take its part of every epoch; a filtered range is opaque to both."""
+    from pyspark.sql import functions as F
 
-    def apply_subtask(batches):
-        from pyspark import TaskContext
-
-        for _ in batches:
-            pass
-        yield from task.run(subtasks[TaskContext.get().partitionId()], in_schema.empty_table()).to_batches()
-
-    ticks = spark.range(0, len(subtasks), 1, len(subtasks))
-    out = ticks.mapInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
-    return split_meta(out, task.operator.output_schema)
+    return (spark.range(0, parallelism, 1, parallelism).where(F.col("id") < 0)
+            .select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in rows.schema.fields]))
 
 
 def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:
     if output.writer is None:
         out = output.map(df.toArrow())
-        m = obs.get
+        m = observed(obs) or {}  # none: Spark ran no task over an input it knew was empty
         return EpochResult(out, int(m.get("n", 0)), m.get("max_ts"), {}, {}, {})
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
@@ -235,7 +226,7 @@ def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:
         yield from with_meta(None, schema, part, table.num_rows, 0, None, info).to_batches()
 
     meta = df.mapInArrow(write_partition, from_arrow_schema(schema)).toArrow().to_pylist()
-    m = obs.get
+    m = observed(obs) or {}
     handles = [h for r in sorted(meta, key=lambda r: r[META_SUBTASK]) for h in json.loads(r[META_INFO])["sink"]]
     return EpochResult(None, int(m.get("n", 0)), m.get("max_ts"), {}, {}, {}, {}, handles)
 
