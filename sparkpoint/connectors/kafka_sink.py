@@ -354,8 +354,10 @@ class KafkaSink(Sink):
             restored = int(handle["checkpoint_id"])
             # A failover to this job's own checkpoint goes on in the same generation: ids
             # are never reused in one checkpoint directory, and its marker keeps knowing
-            # what was published past the restored checkpoint.
-            own = savepoint is None and written_by == self.transactional_id
+            # what was published past the restored checkpoint. A savepoint, or a handle
+            # staged in another directory (another checkpoint directory), starts a new one.
+            own = (savepoint is None and written_by == self.transactional_id
+                   and _SAVEPOINT_STAGED_KEY not in handle and handle.get("staging", self._dir) == self._dir)
             if self._last_committed > restored:
                 if own and self._published_epoch is not None:
                     log.warning(
@@ -423,6 +425,7 @@ class KafkaSink(Sink):
             "topic": self.topic,
             # The epoch the barrier followed: its commit publishes every epoch up to it.
             "epoch": self._epoch,
+            "staging": self._dir,
             # Every sealed segment not yet published: a checkpoint that failed or is
             # still pending is covered by this one too, so no abort can lose rows.
             "segments": segments,
