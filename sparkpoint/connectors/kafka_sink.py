@@ -11,14 +11,17 @@ ONE transaction that also moves a *commit marker*, atomically with the data: a
 consumer-group offset (group `<transactional.id>.<generation>.commits`, partition 0
 of the topic, offset = checkpoint id) committed with `send_offsets_to_transaction`.
 Because the marker and the records become visible together, "is checkpoint N
-published?" always has a true answer: marker >= N.
+published?" always has a true answer: marker >= N. The marker's metadata holds the last
+epoch published (`{"epoch": n}`), so after a restore the sink can say how far its output
+went (`published_epoch`).
 
-A *generation* is one run of the sink: every `recover` starts a new one, with a
-marker of its own. Checkpoint ids are unique only within one checkpoint directory: a
-savepoint restored into a new directory numbers its checkpoints from the savepoint's
-id + 1, ids the job that took the savepoint may already have published. Under that
-job's marker they would count as published and be dropped; under a marker of their
-own they cannot be confused with anything another run published.
+A *generation* is one line of the sink's commits, with a marker of its own: it begins at
+a fresh start and at a savepoint restore, and goes on through every failover to the
+job's own checkpoints, whose ids are never reused in one checkpoint directory. A
+savepoint restored into a new directory numbers its checkpoints from the savepoint's id
++ 1, ids the job that took the savepoint may already have published. Under that job's
+marker they would count as published and be dropped; under a marker of their own they
+cannot be confused with anything another run published.
 
 One transactional id per (job, sink) is enough, so no pool: transactions are only
 opened inside `commit`, one at a time, so concurrent pending checkpoints never need
@@ -49,7 +52,8 @@ Commit protocol (`commit(handle)`), and what a crash at each step leaves behind:
 `recover(handle)`: a new producer and init_transactions (fence + abort whatever a
 crashed run left open), re-run `commit(handle)` under the handle's own transactional
 id and generation (idempotent by the marker of the run that wrote the handle), then
-start a new generation for the checkpoints to come and delete every other staged
+go on in that generation (a failover to this job's own checkpoint) or start a new one
+(a savepoint, or a handle staged in another directory), and delete every other staged
 file: those epochs come after the restored barrier and are replayed. recover is where
 a run takes (or, after a failover, takes back) the transactional id: a producer fenced
 earlier is replaced and commits work again. The commit path itself never
@@ -71,10 +75,12 @@ Threads: `write_epoch`/`pre_commit` run on the epoch loop, `commit` on the commi
 thread; the sealed segments they share are guarded by a lock.
 
 Delivery: exactly-once for read_committed consumers. Records appear at checkpoint
-completion, not per epoch (end-to-end latency >= checkpoint interval). A restore from
-a checkpoint older than one already published (a savepoint taken while the job went
-on, or a checkpoint whose newer `_metadata` was lost) replays, and so republishes, the
-records in between; this is logged.
+completion, not per epoch (end-to-end latency >= checkpoint interval). A failover to
+a checkpoint older than one already published (the newer checkpoints damaged or lost)
+replays the epochs in between exactly as first planned, from the job's epoch plan log,
+and does not hand their rows to the sink again (runtime/epoch_replay.py). A savepoint
+restored while the job that took it went on publishing starts a new generation: the
+records that job published after the savepoint are published again; this is logged.
 
 `mode="at_least_once"`: a plain idempotent producer sends each epoch at once;
 `pre_commit` flushes and fails the checkpoint if any record was not acknowledged.
