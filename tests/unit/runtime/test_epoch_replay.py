@@ -135,3 +135,62 @@ def test_without_a_log_nothing_is_written_or_replayed(plan_log: EpochPlanLog) ->
     run_epochs(replay, range(0, 3))
     assert replay.flush() is None
     assert plan_log.epochs() == []
+
+
+class RecordingCoordinator:
+    def __init__(self) -> None:
+        self.acks: dict[str, object] = {}
+        self.declines: dict[str, tuple[object, object]] = {}
+
+    def acknowledge(self, checkpoint_id: int, participant: str, handle: object, metrics: object = None) -> None:
+        self.acks[participant] = handle
+
+    def decline(self, checkpoint_id: int, participant: str, reason: object, error: object) -> None:
+        self.declines[participant] = (reason, error)
+
+
+class CountingSink:
+    name = "kafka"
+
+    def __init__(self) -> None:
+        self.pre_commits: list[int] = []
+
+    def pre_commit(self, checkpoint_id: int) -> dict:
+        self.pre_commits.append(checkpoint_id)
+        return {"checkpoint_id": checkpoint_id}
+
+
+def test_the_sink_part_of_a_checkpoint_is_declined_while_an_epoch_it_would_publish_has_no_plan(
+        plan_log: EpochPlanLog) -> None:
+    from sparkpoint.checkpoint import CheckpointFailureReason
+    from sparkpoint.faults import ParticipantFaults
+    from sparkpoint.runtime.snapshots import SnapshotSteps
+
+    class Job(SnapshotSteps):
+        sink_participant, source_participant = "sink:kafka", "source:events"
+        operator, epoch, max_event_time, records, positions = None, 3, None, 0, {}
+        _origin = _origin_path = None
+
+        def _watermark(self) -> None:
+            return None
+
+    job = Job()
+    job.coordinator, job.sink, job.faults = RecordingCoordinator(), CountingSink(), ParticipantFaults.from_rules([])
+    job.epoch_plans = EpochReplay(plan_log)
+    job.epoch_plans.begin(None)
+    plan_log.fs.down = True
+    run_epochs(job.epoch_plans, range(0, 4))
+
+    job._snapshot(7, None)
+
+    reason, error = job.coordinator.declines["sink:kafka"]
+    assert reason == CheckpointFailureReason.TASK_SYNC_FAILURE
+    assert "the plan of epoch 0 is not in the epoch plan log yet" in str(error)
+    assert job.sink.pre_commits == []  # its epochs stay staged for a later checkpoint
+    assert job.coordinator.acks["job"]["history"] == job.epoch_plans.history
+
+    plan_log.fs.down = False
+    job.coordinator = RecordingCoordinator()
+    job._snapshot(8, None)
+    assert job.sink.pre_commits == [8] and "sink:kafka" not in job.coordinator.declines
+    assert plan_log.epochs() == [0, 1, 2, 3]
