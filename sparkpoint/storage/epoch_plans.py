@@ -27,6 +27,7 @@ Nothing here is unpickled: the entry is plain JSON with a checksum over its body
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
@@ -80,8 +81,6 @@ class EpochPlan:
     @classmethod
     def decode(cls, raw: bytes, source: str) -> "EpochPlan":
         """EpochPlanError if `raw` is not an intact entry."""
-        import json
-
         try:
             doc = json.loads(raw)
             body = doc["body"]
@@ -136,12 +135,6 @@ class EpochPlanLog:
         """The epochs with an entry, ascending."""
         return sorted(e for e in map(parse_entry_name, self.fs.ls(self.directory)) if e is not None)
 
-    def delete_through(self, epoch: int) -> list[int]:
-        """Delete every entry at or below `epoch`; returns their epochs."""
-        doomed = [e for e in self.epochs() if e <= epoch]
-        for e in doomed:
-            self.fs.rm(self.path(e))
-        return doomed
 
 
 def _int(value: Any) -> int:
