@@ -49,8 +49,8 @@ SEEDS ?= 20
 CHAOS_OUT ?= chaos-out
 chaos: bootstrap kafka-jars
 	rm -rf $(CHAOS_OUT) && mkdir -p $(CHAOS_OUT)
-	SPARKPOINT_CHAOS_SEEDS=$(SEEDS) SPARKPOINT_CHAOS_OUT=$(abspath $(CHAOS_OUT)) SPARKPOINT_CHAOS_KNOWN_DEFECTS=1 \
-		$(PY) -m pytest -q -p no:cacheprovider -rxX tests/e2e/test_chaos_storm.py tests/e2e/test_chaos_kafka_fallback.py; rc=$$?; \
+	SPARKPOINT_CHAOS_SEEDS=$(SEEDS) SPARKPOINT_CHAOS_OUT=$(abspath $(CHAOS_OUT)) SPARKPOINT_CHAOS_FULL=1 \
+		$(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_chaos_storm.py tests/e2e/test_chaos_kafka_fallback.py; rc=$$?; \
 		cat $(CHAOS_OUT)/*/chaos-report.md > $(CHAOS_OUT)/chaos-report.md 2>/dev/null; \
 		cat $(CHAOS_OUT)/chaos-report.md; exit $$rc
 

@@ -171,6 +171,11 @@ class Settings(_Model):
     materialize_interval_ms: int = Field(10_000, alias="state.changelog.periodic-materialize.interval")
     materialize_max_changelogs: int = Field(50, alias="state.changelog.max-changelogs")
     restore_mode: Literal["latest", "empty"] = Field("latest", alias="restore.mode")
+    # A sink that cannot withdraw published output (Kafka) may have published epochs past
+    # the checkpoint a restore falls back to; they are replayed from the epoch plan log as
+    # first planned and not published again. If the log cannot replay them: `fail` stops
+    # with one line; `publish-again` plans them anew and publishes them a second time.
+    unreplayable_epochs: Literal["fail", "publish-again"] = Field("fail", alias="restore.unreplayable-epochs")
     # A savepoint (or a retained checkpoint directory) to start from (Flink's keys). Once
     # the job has checkpoints of its own taken after it, those win: a rerun after a crash
     # resumes where it was, not at the savepoint again. NO_CLAIM: the job never deletes

@@ -50,6 +50,18 @@ class NoValidCheckpointError(SparkpointError):
     pass `--set restore.mode=empty` (this replays sources from their start positions)."""
 
 
+class EpochPlanError(SparkpointError):
+    """An entry of the epoch plan log (`<job>/plans/`) is missing, damaged or of another
+    line of epochs; the message names the file."""
+
+
+class PublishedEpochsNotReplayableError(NoValidCheckpointError):
+    """The sink already published epochs after the checkpoint being restored, and the
+    epoch plan log cannot replay them as first planned: restoring would publish them a
+    second time. Nothing was started. The message names the epochs, the entry and the
+    setting that accepts publishing them again (`restore.unreplayable-epochs=publish-again`)."""
+
+
 class ForeignCheckpointError(SparkpointError):
     """The checkpoint directory was written by something else (another program or an
     unknown format version). Point `execution.checkpointing.dir` somewhere else."""

@@ -180,6 +180,23 @@ class Sink(ABC):
         """The job starts from the savepoint at `savepoint_url`; called before `recover`
         gets that savepoint's handle. Default: nothing to do."""
 
+    @property
+    def needs_epoch_plans(self) -> bool:
+        """True when output this sink published cannot be withdrawn by a restore to an older
+        checkpoint (a committed Kafka transaction): the runtime then logs each epoch's plan
+        so that epochs published past the restored checkpoint run again exactly as first
+        planned (runtime/epoch_replay.py). Default: False; the sink withdraws output
+        committed after the restored checkpoint in `recover`, as Parquet and Delta do."""
+        return False
+
+    def published_epoch(self) -> int | None:
+        """After `recover`: the last epoch whose output this sink published on the restored
+        checkpoint's line of epochs, None if unknown or none. Epochs after the restored
+        one up to it are replayed as first planned, and their output is not handed to the
+        sink again (no `write_epoch`/`stage_epoch` for them). The handle of a barrier after
+        them must still count them as published. Only asked of sinks that `needs_epoch_plans`."""
+        return None
+
     def committed_epochs(self) -> list[int]:
         """Epochs whose output is committed (to refuse mixing two runs' output)."""
         return []

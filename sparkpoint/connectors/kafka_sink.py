@@ -11,14 +11,17 @@ ONE transaction that also moves a *commit marker*, atomically with the data: a
 consumer-group offset (group `<transactional.id>.<generation>.commits`, partition 0
 of the topic, offset = checkpoint id) committed with `send_offsets_to_transaction`.
 Because the marker and the records become visible together, "is checkpoint N
-published?" always has a true answer: marker >= N.
+published?" always has a true answer: marker >= N. The marker's metadata holds the last
+epoch published (`{"epoch": n}`), so after a restore the sink can say how far its output
+went (`published_epoch`).
 
-A *generation* is one run of the sink: every `recover` starts a new one, with a
-marker of its own. Checkpoint ids are unique only within one checkpoint directory: a
-savepoint restored into a new directory numbers its checkpoints from the savepoint's
-id + 1, ids the job that took the savepoint may already have published. Under that
-job's marker they would count as published and be dropped; under a marker of their
-own they cannot be confused with anything another run published.
+A *generation* is one line of the sink's commits, with a marker of its own: it begins at
+a fresh start and at a savepoint restore, and goes on through every failover to the
+job's own checkpoints, whose ids are never reused in one checkpoint directory. A
+savepoint restored into a new directory numbers its checkpoints from the savepoint's id
++ 1, ids the job that took the savepoint may already have published. Under that job's
+marker they would count as published and be dropped; under a marker of their own they
+cannot be confused with anything another run published.
 
 One transactional id per (job, sink) is enough, so no pool: transactions are only
 opened inside `commit`, one at a time, so concurrent pending checkpoints never need
@@ -49,7 +52,8 @@ Commit protocol (`commit(handle)`), and what a crash at each step leaves behind:
 `recover(handle)`: a new producer and init_transactions (fence + abort whatever a
 crashed run left open), re-run `commit(handle)` under the handle's own transactional
 id and generation (idempotent by the marker of the run that wrote the handle), then
-start a new generation for the checkpoints to come and delete every other staged
+go on in that generation (a failover to this job's own checkpoint) or start a new one
+(a savepoint, or a handle staged in another directory), and delete every other staged
 file: those epochs come after the restored barrier and are replayed. recover is where
 a run takes (or, after a failover, takes back) the transactional id: a producer fenced
 earlier is replaced and commits work again. The commit path itself never
@@ -71,10 +75,12 @@ Threads: `write_epoch`/`pre_commit` run on the epoch loop, `commit` on the commi
 thread; the sealed segments they share are guarded by a lock.
 
 Delivery: exactly-once for read_committed consumers. Records appear at checkpoint
-completion, not per epoch (end-to-end latency >= checkpoint interval). A restore from
-a checkpoint older than one already published (a savepoint taken while the job went
-on, or a checkpoint whose newer `_metadata` was lost) replays, and so republishes, the
-records in between; this is logged.
+completion, not per epoch (end-to-end latency >= checkpoint interval). A failover to
+a checkpoint older than one already published (the newer checkpoints damaged or lost)
+replays the epochs in between exactly as first planned, from the job's epoch plan log,
+and does not hand their rows to the sink again (runtime/epoch_replay.py). A savepoint
+restored while the job that took it went on publishing starts a new generation: the
+records that job published after the savepoint are published again; this is logged.
 
 `mode="at_least_once"`: a plain idempotent producer sends each epoch at once;
 `pre_commit` flushes and fails the checkpoint if any record was not acknowledged.
@@ -217,6 +223,12 @@ class KafkaSink(Sink):
         self._settled = 0
         # `_committed.json` as last read or written: generation -> checkpoint id.
         self._recorded: dict[str, int] | None = None
+        self._recorded_epochs: dict[str, int] = {}  # ... and generation -> published epoch
+        # The last epoch whose rows this generation published (the marker's metadata says
+        # it, atomically with the rows); epochs up to it that run again after a restore
+        # are replayed as first planned and not published twice. None: none known.
+        self._published_epoch: int | None = None
+        self._epoch = -1  # the last epoch write_epoch saw: a barrier after it seals up to it
         self._open_files: list[StagedFile] = []   # staged since the last barrier (epoch loop only)
         # Pre-committed, not yet published: appended by the epoch loop (pre_commit),
         # pruned by the committer thread (commit); always under _lock.
@@ -242,6 +254,14 @@ class KafkaSink(Sink):
     @property
     def location(self) -> str | None:
         return f"kafka topic {self.topic}"
+
+    @property
+    def needs_epoch_plans(self) -> bool:
+        # A committed transaction cannot be withdrawn; at-least-once may repeat anyway.
+        return self.mode == "exactly_once"
+
+    def published_epoch(self) -> int | None:
+        return self._published_epoch if self.mode == "exactly_once" else None
 
     def use_job_storage(self, staging_dir: str, options: Mapping[str, Any]) -> None:
         if self.staging_dir is None:  # an explicit staging_dir wins
@@ -319,13 +339,15 @@ class KafkaSink(Sink):
                 Segment.from_json(s)
         with self._lock:
             self._open_files, self._sealed, self._last_committed = [], [], 0
-        self._settled, self._recorded = 0, None
+        self._settled, self._recorded, self._recorded_epochs = 0, None, {}
+        self._published_epoch, self._epoch = None, -1
+        savepoint, self._savepoint = self._savepoint, None   # used for this recover only
+        written_by = handle.get("transactional_id") if handle is not None else None
+        written_by = written_by if isinstance(written_by, str) and written_by else self.transactional_id
         if handle is not None:
             # First the restored checkpoint, judged by the marker of the run that wrote
             # it (possibly under another job name, so its transactional id).
-            written_by = handle.get("transactional_id")
-            self._enter_generation(written_by if isinstance(written_by, str) and written_by
-                                   else self.transactional_id, str(handle["generation"]))
+            self._enter_generation(written_by, str(handle["generation"]))
         else:
             self._enter_generation(self.transactional_id, uuid.uuid4().hex[:12])
         # This run (re)takes the transactional id: a producer fenced before (by a run that
@@ -336,19 +358,35 @@ class KafkaSink(Sink):
         self._fenced = False
         if handle is not None:
             restored = int(handle["checkpoint_id"])
+            # A failover to this job's own checkpoint goes on in the same generation: ids
+            # are never reused in one checkpoint directory, and its marker keeps knowing
+            # what was published past the restored checkpoint. A savepoint, or a handle
+            # staged in another directory (another checkpoint directory), starts a new one.
+            own = (savepoint is None and written_by == self.transactional_id
+                   and _SAVEPOINT_STAGED_KEY not in handle and handle.get("staging", self._dir) == self._dir)
             if self._last_committed > restored:
-                log.warning(
-                    "Kafka sink %s: restoring checkpoint %d, but the run that wrote it went on to "
-                    "publish up to checkpoint %d to %s (a savepoint restored, or newer "
-                    "checkpoints lost); the records in between are published again",
-                    self.name, restored, self._last_committed, self.topic)
-            self._fetch_from_savepoint(handle)
+                if own and self._published_epoch is not None:
+                    log.warning(
+                        "Kafka sink %s: restoring checkpoint %d, but checkpoints up to %d were already "
+                        "published to %s (newer checkpoints damaged or lost); the epochs up to %d run "
+                        "again as first planned and are not published again",
+                        self.name, restored, self._last_committed, self.topic, self._published_epoch)
+                else:
+                    log.warning(
+                        "Kafka sink %s: restoring %s %d, but the run that wrote it went on to publish "
+                        "up to checkpoint %d to %s; the records in between are published again",
+                        self.name, "savepoint" if savepoint is not None else "checkpoint", restored,
+                        self._last_committed, self.topic)
+            self._fetch_from_savepoint(handle, savepoint)
             self.commit(handle)
-            # Then a generation of this run: the ids to come may have been used, and
-            # published, by the run that wrote the handle (a savepoint restored into a new
-            # checkpoint directory counts on from its id), so its marker must not judge them.
-            self._enter_generation(self.transactional_id, uuid.uuid4().hex[:12])
-            self._settled = self._last_committed = restored
+            if not own:
+                # A generation of this run: the ids to come may have been used, and
+                # published, by the run that wrote the handle (a savepoint restored into a
+                # new checkpoint directory counts on from its id), so its marker must not
+                # judge them; and what it published after the savepoint is published again.
+                self._enter_generation(self.transactional_id, uuid.uuid4().hex[:12])
+                self._settled = self._last_committed = restored
+                self._published_epoch = None
         for name in fs.ls(self._dir):
             if name.startswith("epoch-"):
                 fs.rm(f"{self._dir}/{name}")
@@ -361,6 +399,7 @@ class KafkaSink(Sink):
             self._produce_all(keys, values, on_delivery=self._on_delivery)
             return
         self._require_recovered()
+        self._epoch = epoch
         if len(values) == 0:
             return
         table = pa.Table.from_arrays([keys, values], schema=_STAGED_SCHEMA)
@@ -390,6 +429,9 @@ class KafkaSink(Sink):
             "transactional_id": self.transactional_id,
             "generation": self._generation,
             "topic": self.topic,
+            # The epoch the barrier followed: its commit publishes every epoch up to it.
+            "epoch": self._epoch,
+            "staging": self._dir,
             # Every sealed segment not yet published: a checkpoint that failed or is
             # still pending is covered by this one too, so no abort can lose rows.
             "segments": segments,
@@ -418,11 +460,12 @@ class KafkaSink(Sink):
                 dest.write_atomic(f"{dest_dir}/{staged.name}", data)
         return {**handle, _SAVEPOINT_STAGED_KEY: relative}
 
-    def _fetch_from_savepoint(self, handle: Mapping[str, Any]) -> None:
+    def _fetch_from_savepoint(self, handle: Mapping[str, Any],
+                              savepoint: tuple[str, dict[str, Any]] | None) -> None:
         """Copy the savepoint's copies of the files still to publish into this run's
         staging directory (the job that took the savepoint may be gone, with its own)."""
         relative = handle.get(_SAVEPOINT_STAGED_KEY)
-        if relative is None or self._savepoint is None:
+        if relative is None or savepoint is None:
             return
         parts = relative.split("/") if isinstance(relative, str) else []
         if len(parts) != 2 or parts[0] != _SAVEPOINT_STAGED_DIR or parts[1] in ("", ".", "..") \
@@ -431,7 +474,7 @@ class KafkaSink(Sink):
                 f"Kafka sink handle: {_SAVEPOINT_STAGED_KEY}={relative!r:.100} is not a directory the "
                 f"sink writes in a savepoint ({_SAVEPOINT_STAGED_DIR}/<sink name>); the savepoint's "
                 "_metadata was altered or damaged, so nothing is read from it")
-        url, options = self._savepoint
+        url, options = savepoint
         src = StorageFS.from_url(url, options)
         src_dir = f"{src.root.rstrip('/')}/{relative}"
         fs = self._require_fs()
@@ -483,10 +526,14 @@ class KafkaSink(Sink):
         files = [f for s in todo for f in s.files]
         self._verify_staged(files)
         # 3.-4. one transaction: rows + marker
+        epoch = handle.get("epoch")
+        epoch = max(epoch if _is_int(epoch) else -1, -1 if self._published_epoch is None else self._published_epoch)
         self._outcome_unknown = True
-        self._publish(checkpoint_id, files)
+        self._publish(checkpoint_id, files, epoch if epoch >= 0 else None)
         self._outcome_unknown = False
         self._last_committed = checkpoint_id
+        if epoch >= 0:
+            self._published_epoch = epoch
         # 5. durable record of the commit
         self._record_commit(checkpoint_id)
         # 6. the published rows are no longer needed
@@ -538,7 +585,7 @@ class KafkaSink(Sink):
         return KafkaConnectorError(f"Kafka sink {self.name}: {doing} for {self.transactional_id} "
                                    f"failed: {error}")
 
-    def _publish(self, checkpoint_id: int, files: list[StagedFile]) -> None:
+    def _publish(self, checkpoint_id: int, files: list[StagedFile], epoch: int | None) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
         producer = self._producer
@@ -547,7 +594,9 @@ class KafkaSink(Sink):
             for staged in files:  # one file in memory at a time
                 table = self._read_staged(staged)
                 self._produce_all(table.column("key"), table.column("value"))
-            self._send_marker(producer, [TopicPartition(self.topic, 0, checkpoint_id)])
+            # The marker's metadata carries the last published epoch, atomically with the rows.
+            self._send_marker(producer, [TopicPartition(self.topic, 0, checkpoint_id,
+                                                        metadata=_marker_metadata(epoch))])
             producer.commit_transaction(self._timeout_s)
         except CorruptCheckpointError:
             # A staged file failed its checksum midway: nothing of it may become visible.
@@ -616,15 +665,21 @@ class KafkaSink(Sink):
         deadline = time.monotonic() + self._timeout_s
         while True:
             try:
-                marker = self._marker_consumer.committed([TopicPartition(self.topic, 0)],
-                                                         timeout=self._timeout_s)[0].offset
+                found = self._marker_consumer.committed([TopicPartition(self.topic, 0)],
+                                                        timeout=self._timeout_s)[0]
+                marker = found.offset
                 break
             except KafkaException as e:
                 error = e.args[0]
                 if error.code() not in transient or time.monotonic() > deadline:
                     raise self._kafka_error(error, "reading the commit marker") from e
                 time.sleep(0.2)
-        return max(self._settled, self._recorded_commit(), marker if marker >= 0 else 0)
+        recorded = self._recorded_commit()
+        epochs = [e for e in (_marker_epoch(found.metadata) if marker >= 0 else None,
+                              self._recorded_epochs.get(str(self._generation)), self._published_epoch)
+                  if e is not None]
+        self._published_epoch = max(epochs) if epochs else None
+        return max(self._settled, recorded, marker if marker >= 0 else 0)
 
     def _recorded_commit(self) -> int:
         """The checkpoint `_committed.json` records for this generation, 0 if none."""
@@ -646,6 +701,7 @@ class KafkaSink(Sink):
             commits = dict(data.get("commits") or {})
             commits.setdefault(str(data["generation"]), data["checkpoint_id"])
             self._recorded = {str(g): int(c) for g, c in commits.items()}
+            self._recorded_epochs = {str(g): int(e) for g, e in dict(data.get("epochs") or {}).items()}
         except FileNotFoundError:
             pass
         except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -658,11 +714,14 @@ class KafkaSink(Sink):
         commits.pop(str(self._generation), None)   # the newest generation goes last
         commits[str(self._generation)] = checkpoint_id
         commits = dict(list(commits.items())[-_RECORDED_GENERATIONS:])
+        epochs = {g: e for g, e in self._recorded_epochs.items() if g in commits and g != str(self._generation)}
+        if self._published_epoch is not None:
+            epochs[str(self._generation)] = self._published_epoch
         self._require_fs().write_atomic(
             f"{self._dir}/{_COMMITTED_FILE}",
             json.dumps({"generation": self._generation, "checkpoint_id": checkpoint_id,
-                        "commits": commits}).encode())
-        self._recorded = commits
+                        "commits": commits, "epochs": epochs}).encode())
+        self._recorded, self._recorded_epochs = commits, epochs
 
     def _staged_path(self, name: str) -> str:
         """The staging path of a staged file; refuses names that could leave the directory."""
@@ -790,6 +849,19 @@ class KafkaSink(Sink):
             raise KafkaConnectorError(
                 f"Kafka sink {self.name}: call recover(handle or None) before writing; "
                 "recover publishes or discards what a previous run left staged")
+
+
+def _marker_metadata(epoch: int | None) -> str:
+    return json.dumps({"epoch": epoch}) if epoch is not None else ""
+
+
+def _marker_epoch(metadata: Any) -> int | None:
+    """The published epoch in a marker's metadata; None for markers of older runs (none)."""
+    try:
+        epoch = json.loads(metadata).get("epoch") if metadata else None
+    except (ValueError, AttributeError):
+        return None
+    return epoch if _is_int(epoch) else None
 
 
 def _is_int(value: Any) -> bool:

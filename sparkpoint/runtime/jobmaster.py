@@ -41,10 +41,11 @@ from sparkpoint.checkpoint import (
     ThreadScheduler,
 )
 from sparkpoint.config import Settings
-from sparkpoint.connectors.base import Positions, SourceContext
+from sparkpoint.connectors.base import Positions, SlicePlan, SourceContext
 from sparkpoint.errors import ConfigError, JobFailedError, LeaseLostError, NoValidCheckpointError
 from sparkpoint.faults import ParticipantFaults
 from sparkpoint.runtime.connect import check_server_runs_sparkpoint, is_connect, observe, observed
+from sparkpoint.runtime.epoch_replay import EpochReplay
 from sparkpoint.runtime.epoch_sizer import EpochSizer
 from sparkpoint.runtime.progress import ProgressReporter
 from sparkpoint.runtime.failures import (
@@ -166,6 +167,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self._previous_barrier_epoch = -1  # for the bytes a checkpoint added to storage
         self._bad_checkpoints: dict[int, str] = {}
         self.epoch_sizer = EpochSizer(settings.epoch_target_ms) if settings.epoch_target_ms else None
+        self.epoch_plans = EpochReplay(None)  # with its log once storage is open (_setup)
 
     # ------------------------------------------------------------------ participants
     @property
@@ -192,6 +194,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             s.checkpoint_dir, self.job_name, s.storage_options, run_id=self.run_id,
             lease_ttl_ms=s.lease_ttl_ms, fault_rules=s.faults, on_lease_lost=self._on_lease_lost)
         self.gateway = RuntimeGateway(self.participants(), self._on_checkpoint_complete)
+        if self.sink.needs_epoch_plans:  # it cannot withdraw published output: log what each epoch ran
+            from sparkpoint.storage.epoch_plans import EpochPlanLog
+
+            self.epoch_plans = EpochReplay(EpochPlanLog(self.storage.fs, self.storage.layout))
         cfg = CheckpointCoordinatorConfig(
             interval_ms=s.checkpoint_interval_ms, min_pause_ms=s.checkpoint_min_pause_ms,
             timeout_ms=s.checkpoint_timeout_ms, max_concurrent=s.checkpoint_max_concurrent,
@@ -593,6 +599,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                 self._run_empty_epoch(final=False)
             if self._serve_stop_request():
                 return
+            replay = self.epoch_plans.replay(self.epoch + 1)
+            if replay is not None:  # published before a restore fell back: run it as first planned
+                self._run_one_epoch(SlicePlan(replay.start, replay.end), final=replay.final)
+                continue
             self.positions = self.source.discover(self.positions)
             exhausted = self.source.is_exhausted(self.positions)
             if exhausted:
@@ -635,6 +645,13 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             if not any(older is b for b in carried):
                 self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
         epoch = self.epoch + 1
+        replay = self.epoch_plans.replay(epoch)
+        if replay is not None:  # whoever asked for an epoch here: this one is already published
+            plan, final = SlicePlan(replay.start, replay.end), replay.final
+            watermark, now_ms = replay.watermark, replay.processing_time_ms
+        else:
+            watermark, now_ms = (None if final else self._watermark()), int(time.time() * 1000)
+            self.epoch_plans.record(epoch, plan, final, watermark, now_ms)
         self._before_first_epoch_after_restore()
         df = self.source.read(plan)
         read = None
@@ -645,7 +662,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         task = None
         if self.operator is not None:
             task = EpochTask(self.operator, self.local_root, epoch, self.P, self.settings.max_parallelism,
-                             None if final else self._watermark(), int(time.time() * 1000), final, checkpoint_id,
+                             watermark, now_ms, final, checkpoint_id,
                              self.storage_ref, self.lineages.for_tasks(), self.lineages.due_for_snapshot(),
                              self.output_step,
                              self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]),
@@ -659,7 +676,9 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         if self.lineages is not None:
             self.lineages.on_epoch(epoch, result.infos)
             self._restored_state_ready()
-        if result.output is not None:
+        if replay is not None:
+            pass  # its output is published already (its state effects are applied above)
+        elif result.output is not None:
             self.sink.write_epoch(epoch, result.output)
         else:
             self.sink.stage_epoch(epoch, result.sink_handles)
@@ -786,8 +805,6 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     def _run_empty_epoch(self, final: bool = True) -> None:
         """An epoch with no input that carries a barrier; `final`: it also fires what the
         final watermark releases (end of a bounded input)."""
-        from sparkpoint.connectors.base import SlicePlan
-
         self._run_one_epoch(SlicePlan(dict(self.positions), dict(self.positions)), final=final)
 
     def _carry_barriers_until(self, done: Callable[[], bool], final: bool = True) -> bool:

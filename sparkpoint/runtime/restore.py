@@ -85,6 +85,7 @@ class RestoreSteps:
         self.positions = self.source.initial_positions()
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
         self.sink.recover(None)
+        self.epoch_plans.begin(None)
         why = (f"restore.mode=empty: the {ignoring} completed checkpoint(s) in {self.storage.layout.root} are not "
                f"restored, sources replay from their start, and output committed by earlier runs of this job is "
                f"withdrawn from {self.sink.location} so nothing is duplicated" if ignoring else
@@ -161,6 +162,12 @@ class RestoreSteps:
             self.sink.use_savepoint(savepoint, dict(self.settings.storage_options))
         self.sink.recover(handles.get(self.sink_participant))
         what = f"savepoint {savepoint}" if savepoint else f"checkpoint {data.checkpoint_id}"
+        # A savepoint starts a new line of epochs: what the job that took it published
+        # after it is published again (docs/savepoints.md). A failover goes on with its own.
+        self.epoch_plans.begin(job.get("history") if savepoint is None else None)
+        self.epoch_plans.prepare(self.epoch, self.sink.published_epoch(), self.positions, what,
+                                 self.sink.location or self.sink.name,
+                                 publish_again=self.settings.unreplayable_epochs == "publish-again")
         log.info("job %s restores %s (epoch %d)", self.job_name, what, self.epoch)
         taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data.completion_timestamp_ms / 1000))
         where = savepoint if savepoint else self.storage.layout.checkpoint(data.checkpoint_id)

@@ -33,6 +33,9 @@ class SnapshotSteps:
         c = self.coordinator
         job = {"epoch": self.epoch, "max_event_time": self.max_event_time, "watermark": self._watermark(),
                "records": self.records, "origin": self._origin,
+               # The line of epochs this checkpoint is on: a failover to it replays that
+               # line's logged epochs (runtime/epoch_replay.py).
+               "history": self.epoch_plans.history,
                # Where it was: a failover or rerun finds its own checkpoints without reading it.
                "origin_path": getattr(self, "_origin_path", None)}
         if savepoint_url is not None:
@@ -41,6 +44,9 @@ class SnapshotSteps:
         c.acknowledge(checkpoint_id, self.source_participant, {"positions": dict(self.positions)})
         try:
             self.faults.check_sync(self.sink_participant, checkpoint_id)
+            unlogged = self.epoch_plans.flush()
+            if unlogged is not None:  # never publish an epoch a fall-back could not replay
+                raise StorageError(unlogged)
             sink_handle = dict(self.sink.pre_commit(checkpoint_id))
             if savepoint_url is not None:  # a savepoint is self-contained: the sink copies what it staged
                 sink_handle = dict(self.sink.savepoint_handle(sink_handle, savepoint_url,
@@ -133,6 +139,11 @@ class SnapshotSteps:
             self.sink.commit(sink_handle)
         if self.lineages is not None:
             self._delete_unneeded_state(int(data.handles[JOB]["epoch"]))
+        if self.epoch_plans.enabled:  # a restore never goes below the oldest retained checkpoint
+            retained = [int(c.handles[JOB]["epoch"]) for c in self.coordinator.completed_store.all()
+                        if JOB in c.handles]
+            if retained:
+                self.epoch_plans.forget_through(min(retained))
         src = data.handles.get(self.source_participant)
         if src is not None:
             try:

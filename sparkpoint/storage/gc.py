@@ -5,7 +5,10 @@ Run once the lease is held and before the first checkpoint is triggered. Deletes
   written to within the grace period;
 - files under `shared/` that no completed checkpoint references, older than the grace
   period (an in-flight incremental snapshot may have uploaded them moments ago);
-- temporary files (`*.tmp-<hex>`) of interrupted atomic writes, older than the grace period.
+- temporary files (`*.tmp-<hex>`) of interrupted atomic writes, older than the grace period;
+- epoch plans (`plans/`, storage/epoch_plans.py) at or below the epoch of the oldest
+  completed checkpoint: a restore reads only the plans after the checkpoint it restores.
+  Checkpoints whose `_metadata` cannot be read do not count: they are never restored.
 
 The grace period must exceed the longest a checkpoint can take (its timeout): a file
 younger than that may belong to a checkpoint still being written by some run.
@@ -23,6 +26,7 @@ from typing import Callable, Iterable
 from sparkpoint.errors import CorruptCheckpointError, ForeignCheckpointError
 from sparkpoint.storage import metadata
 from sparkpoint.storage.fs import FileStat, StorageFS
+from sparkpoint.storage.epoch_plans import EpochPlanLog
 from sparkpoint.storage.handles import checkpoint_file_entries
 from sparkpoint.storage.ids import list_checkpoint_ids
 from sparkpoint.storage.layout import JobLayout, checkpoint_id_in_path
@@ -40,6 +44,7 @@ class GcReport:
     deleted_checkpoints: list[int] = field(default_factory=list)
     deleted_shared_files: list[str] = field(default_factory=list)  # job-relative
     deleted_temp_files: list[str] = field(default_factory=list)  # job-relative
+    deleted_epoch_plans: list[int] = field(default_factory=list)  # their epochs
     freed_bytes: int = 0
     kept: list[str] = field(default_factory=list)  # what looked like garbage but was kept, and why
     shared_files_skipped_reason: str | None = None
@@ -69,11 +74,15 @@ def collect_garbage(fs: StorageFS, layout: JobLayout, *, grace_period_s: float =
             fs.rm(path, recursive=recursive)
 
     referenced: set[str] = set()
+    epochs: list[int] = []  # of the completed checkpoints
     for checkpoint_id in list_checkpoint_ids(fs, layout):
         try:
             data = metadata.read_completed(fs, layout, checkpoint_id)
             if data is not None:
                 referenced |= {e.path for e in checkpoint_file_entries(data.handles)}
+                epoch = (data.handles.get("job") or {}).get("epoch")
+                if isinstance(epoch, int):
+                    epochs.append(epoch)
                 continue
         except (CorruptCheckpointError, ForeignCheckpointError) as e:
             report.shared_files_skipped_reason = (
@@ -109,6 +118,12 @@ def collect_garbage(fs: StorageFS, layout: JobLayout, *, grace_period_s: float =
             report.freed_bytes += f.size
     else:
         log.warning("gc: %s", report.shared_files_skipped_reason)
+
+    if epochs:
+        plans = EpochPlanLog(fs, layout)
+        report.deleted_epoch_plans = [e for e in plans.epochs() if e <= min(epochs)]
+        for e in report.deleted_epoch_plans:
+            delete(plans.path(e))
 
     for f in fs.find(layout.root):
         if _TEMP_MARKER in f.path.rsplit("/", 1)[-1] and stale([f]):

@@ -1,17 +1,14 @@
 """Found by `sparkpoint chaos --storm` on Kafka source and sink (seed 1, fault corrupt):
 the newest checkpoint is damaged after the Kafka sink published it, the restart falls
-back to an older checkpoint, and the records of the epochs in between are published a
-second time (the sink logs "the records in between are published again"): 291 rows
-duplicated (3 epochs x 97 users), 0 lost. Parquet and Delta withdraw output committed
-after the checkpoint they fall back to; a Kafka transaction cannot be withdrawn, but the
-epochs replayed from the restored offsets are the same epochs with the same output, so
-what was published must not be published again.
+back to an older checkpoint, and the records of the epochs in between were published a
+second time: 291 rows duplicated (3 epochs x 97 users), 0 lost. Parquet and Delta
+withdraw output committed after the checkpoint they fall back to; a Kafka transaction
+cannot be withdrawn. Now the epochs in between run again as first planned, read back
+from the epoch plan log, and are not published again (runtime/epoch_replay.py).
 
-A known defect, not fixed yet: the epochs replayed after a fall-back are planned again
-(a Kafka source reads up to its new end), so their output is the same only if each epoch's
-slice is replayed as it was first planned, which needs a durable log of epoch plans (as
-Spark's offset log is). Until then `make chaos` runs this test as an expected failure and
-reports it; `make test` leaves it out (7 minutes for a known result).
+`make test` leaves it out (7 minutes; the Kafka storm covers `corrupt` on other seeds
+and tests/integration/kafka/test_kafka_fallback_replay.py the same fall-back in one
+process); `make chaos` runs it.
 """
 
 from __future__ import annotations
@@ -33,10 +30,8 @@ from tests.e2e.test_chaos_storm import (
 
 pytestmark = [
     pytest.mark.e2e, pytest.mark.spark, pytest.mark.kafka,
-    pytest.mark.skipif(not os.environ.get("SPARKPOINT_CHAOS_KNOWN_DEFECTS"),
-                       reason="a known defect, reproduced by `make chaos`"),
-    pytest.mark.xfail(strict=True, reason="a fall-back past a published checkpoint publishes the epochs in "
-                                          "between again: epoch plans are not replayed as first planned"),
+    pytest.mark.skipif(not os.environ.get("SPARKPOINT_CHAOS_FULL"),
+                       reason="7 minutes for one seed: run by `make chaos`"),
 ]
 
 

@@ -50,11 +50,13 @@ class FakeProducer:
     def send_offsets_to_transaction(self, marker: list[Any], group: Any, _timeout: float) -> None:
         self.broker.before_marker(self)
         self.pending_marker = (group, marker[0].offset)
+        self.pending_metadata = marker[0].metadata
 
     def commit_transaction(self, _timeout: float = 0) -> None:
         self.broker.published.extend(v for _, v in self.open)
         group, offset = self.pending_marker
         self.broker.markers[group] = offset
+        self.broker.metadata[group] = self.pending_metadata
         self.open, self.in_transaction = [], False
 
     def abort_transaction(self, _timeout: float = 0) -> None:
@@ -76,7 +78,8 @@ class FakeMarkerConsumer:
         from confluent_kafka import TopicPartition
 
         tp = partitions[0]
-        return [TopicPartition(tp.topic, tp.partition, self.broker.markers.get(self.group, -1001))]
+        return [TopicPartition(tp.topic, tp.partition, self.broker.markers.get(self.group, -1001),
+                               metadata=self.broker.metadata.get(self.group, ""))]
 
     def close(self) -> None:
         self.closed = True
@@ -86,6 +89,7 @@ class FakeBroker:
     def __init__(self) -> None:
         self.published: list[bytes] = []
         self.markers: dict[str, int] = {}   # commit-marker group -> committed offset
+        self.metadata: dict[str, str] = {}  # ... and the metadata committed with it
         self.inits = 0
         self.producers: list[FakeProducer] = []
         self.consumers: list[FakeMarkerConsumer] = []
@@ -434,3 +438,50 @@ def test_a_savepoint_skips_staged_files_the_committer_published_meanwhile(make_s
     assert carried["savepoint_staged"] == "sinks/kafka"
     assert [p.name for p in (savepoint / "sinks" / "kafka").iterdir()] == \
         [f["name"] for f in handle["segments"][1]["staged"]]
+
+
+# -- a restore that falls back past checkpoints already published ------------------------
+def _publish_epochs(sink: KafkaSink, checkpoint_id: int, epochs: range) -> dict[str, Any]:
+    for e in epochs:
+        sink.write_epoch(e, rows(f"e{e}"))
+    handle = sink.pre_commit(checkpoint_id)
+    sink.commit(handle)
+    return handle
+
+
+def test_a_failover_to_an_older_checkpoint_knows_the_last_published_epoch(make_sink, broker):
+    # Checkpoint 2 (epochs 0-1) and 3 (epochs 2-4) are published; then checkpoint 3 is
+    # lost and the job restores checkpoint 2.
+    first = make_sink()
+    first.recover(None)
+    two = _publish_epochs(first, 2, range(0, 2))
+    _publish_epochs(first, 3, range(2, 5))
+    first.close()
+
+    again = make_sink()
+    again.recover(two)
+    assert again.published_epoch() == 4  # the runtime replays epochs 2-4 without handing their rows
+    # A barrier after replayed epoch 3 publishes nothing and still counts epoch 4 as published.
+    handle = again.pre_commit(4)
+    again.commit(handle)
+    _publish_epochs(again, 5, range(5, 6))
+    assert broker.published == [b"e0", b"e1", b"e2", b"e3", b"e4", b"e5"]
+
+    third = make_sink()  # and once more from checkpoint 4 (at epoch 3 by the loop's count)
+    third.recover(handle)
+    assert third.published_epoch() == 5
+
+
+def test_a_savepoint_restore_starts_a_new_line_of_published_epochs(make_sink, broker, tmp_path):
+    original = make_sink()
+    original.recover(None)
+    savepoint = original.savepoint_handle(_publish_epochs(original, 1, range(0, 2)), str(tmp_path / "sp"), {})
+    _publish_epochs(original, 2, range(2, 4))
+    original.close()
+
+    restored = make_sink()
+    restored.use_savepoint(str(tmp_path / "sp"), {})
+    restored.recover(savepoint)
+    assert restored.published_epoch() is None  # what came after the savepoint is published again
+    _publish_epochs(restored, 3, range(2, 3))
+    assert broker.published == [b"e0", b"e1", b"e2", b"e3", b"e2"]
