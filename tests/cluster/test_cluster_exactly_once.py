@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from sparkpoint.testing.spark_cluster import spark_settings
 from tests.e2e.harness import AGGREGATE_PIPELINE, Job, Proc, canonical
+from tests.servers.spark_cluster import spark_settings
 
 pytestmark = pytest.mark.cluster
 
