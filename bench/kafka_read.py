@@ -82,7 +82,7 @@ def main() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     from sparkpoint.runtime.spark import get_or_create_spark
-    from sparkpoint.testing.kafka_broker import KafkaBroker
+    from tests.servers.kafka_broker import KafkaBroker
 
     with tempfile.TemporaryDirectory(prefix="kafka-bench-") as tmp:
         broker = None if args.bootstrap_servers else KafkaBroker(Path(tmp) / "broker").start()

@@ -2,7 +2,7 @@
 
 Each worker has a private tmpfs at the same absolute path (`cluster.state_path`): the
 executor's own local disk, invisible to the driver and to the other worker. See
-sparkpoint/testing/spark_cluster.py. Run with `pytest tests/cluster` (or `-m cluster`).
+tests/servers/spark_cluster.py. Run with `pytest tests/cluster` (or `-m cluster`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from sparkpoint.testing.spark_cluster import StandaloneCluster, spark_conf
+from tests.servers.spark_cluster import StandaloneCluster, spark_conf
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,8 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
-from sparkpoint.testing.spark_cluster import spark_settings
 from tests.e2e.harness import AGGREGATE_PIPELINE, REPO, Job, Proc, canonical
+from tests.servers.spark_cluster import spark_settings
 
 pytestmark = pytest.mark.cluster
 

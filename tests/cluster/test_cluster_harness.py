@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.testing.spark_cluster import spark_conf
 from tests.e2e.harness import Proc
+from tests.servers.spark_cluster import spark_conf
 
 pytestmark = pytest.mark.cluster
 

@@ -20,12 +20,13 @@ import pytest
 
 from tests.e2e.test_chaos_storm import (
     KAFKA_EVENTS_PER_SEED,
-    KAFKA_PIPELINE,
+    KafkaTopics,
     _out,
     _produce,
     _storm,
-    broker,  # noqa: F401 - the module's broker fixture
     kafka_oracle,
+    kafka_pipeline,
+    topics,  # noqa: F401 - the fixture
 )
 
 pytestmark = [
@@ -36,11 +37,11 @@ pytestmark = [
 
 
 def test_kafka_output_is_not_published_twice_when_restore_falls_back_past_a_corrupt_checkpoint(
-        tmp_path: Path, broker) -> None:  # noqa: F811
+        tmp_path: Path, kafka_broker, topics: KafkaTopics) -> None:  # noqa: F811
     count = KAFKA_EVENTS_PER_SEED + KAFKA_EVENTS_PER_SEED // 2
-    _produce(broker.bootstrap_servers, count)
+    _produce(kafka_broker.bootstrap_servers, topics, count)
     pipeline = tmp_path / "kafka_pipeline.py"
-    pipeline.write_text(KAFKA_PIPELINE.format(bootstrap=broker.bootstrap_servers))
+    pipeline.write_text(kafka_pipeline(kafka_broker.bootstrap_servers, topics))
     report = _storm(tmp_path, pipeline, _out(tmp_path, "kafka-fallback"), 1, 1, kafka_oracle(count),
                     faults="corrupt")
     (verdict,) = report["faults"]

@@ -21,13 +21,14 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from sparkpoint.ops.chaos import Chaos, kafka_rows
 from tests.e2e.chaos_oracles import window_rows
+from tests.servers.names import unique_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
@@ -87,12 +88,12 @@ def to_records(t):
 
 pipeline = (
     Pipeline("chaos-kafka")
-    .source(KafkaSource({bootstrap!r}, "events", group_id="production", max_records_per_partition_per_epoch=200,
+    .source(KafkaSource({bootstrap!r}, {events!r}, group_id="production", max_records_per_partition_per_epoch=200,
                         bounded=True))
     .transform(parse)
     .stateful(KeyedAggregate("totals", ["user"], "amount", value_type="bigint"))
     .map_output(to_records)
-    .sink(KafkaSink({bootstrap!r}, "totals", key_column="key", value_column="value"))
+    .sink(KafkaSink({bootstrap!r}, {totals!r}, key_column="key", value_column="value"))
 )
 """
 
@@ -177,51 +178,58 @@ def _timeout(default_seeds: int) -> int:
 
 @pytest.mark.s3
 @pytest.mark.timeout(_timeout(3))
-def test_chaos_storm_on_a_delta_sink_with_checkpoints_on_s3_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    from tests.e2e.delta_job import s3_server_process
-
+def test_chaos_storm_on_a_delta_sink_with_checkpoints_on_s3_loses_and_duplicates_nothing(
+        tmp_path: Path, s3_server, s3_bucket: str) -> None:
     seeds = _seeds(3)
     total = EVENTS_PER_SEED * seeds + EVENTS_PER_SEED // 2  # paced by wall time: RATE_PER_S
     pipeline = tmp_path / "delta_pipeline.py"
     pipeline.write_text(DELTA_PIPELINE.format(total=total, rate=RATE_PER_S))
-    with s3_server_process("chaos") as options:
-        report = _storm(tmp_path, pipeline, _out(tmp_path, "delta-s3"), FIRST_SEED, seeds, windows_oracle(total),
-                        sets=(f"execution.checkpointing.storage-options={json.dumps(options)}",),
-                        checkpoint_base="s3://chaos/runs")
+    report = _storm(tmp_path, pipeline, _out(tmp_path, "delta-s3"), FIRST_SEED, seeds, windows_oracle(total),
+                    sets=(f"execution.checkpointing.storage-options={json.dumps(s3_server.storage_options())}",),
+                    checkpoint_base=f"s3://{s3_bucket}/runs")
     assert (report["sink"], report["storage"]) == ("delta", "s3")
     _assert_every_fault_every_seed_exactly_once(report, FIRST_SEED, seeds)
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    from sparkpoint.testing.kafka_broker import KafkaBroker
+@dataclass(frozen=True)
+class KafkaTopics:
+    """The production input and output topics of one test, on the run's shared broker."""
 
-    with KafkaBroker(tmp_path_factory.mktemp("kafka-chaos")) as kafka:
-        yield kafka
+    events: str
+    totals: str
 
 
-def _produce(bootstrap: str, count: int) -> None:
+@pytest.fixture
+def topics(request: pytest.FixtureRequest) -> KafkaTopics:
+    return KafkaTopics(unique_name(f"events-{request.node.name}"), unique_name(f"totals-{request.node.name}"))
+
+
+def kafka_pipeline(bootstrap: str, topics: KafkaTopics) -> str:
+    return KAFKA_PIPELINE.format(bootstrap=bootstrap, events=topics.events, totals=topics.totals)
+
+
+def _produce(bootstrap: str, topics: KafkaTopics, count: int) -> None:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for topic, parts in (("events", 3), ("totals", 1)):
+    for topic, parts in ((topics.events, 3), (topics.totals, 1)):
         admin.create_topics([NewTopic(topic, parts, 1)])[topic].result(30)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for i in range(count):
-        producer.produce("events", json.dumps({"user": f"u{i % USERS}", "amount": i % AMOUNTS}).encode(),
+        producer.produce(topics.events, json.dumps({"user": f"u{i % USERS}", "amount": i % AMOUNTS}).encode(),
                          partition=i % PARTITIONS)
         if i % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(60) == 0
 
 
-def _group_offsets(bootstrap: str, group: str) -> list[int]:
+def _group_offsets(bootstrap: str, group: str, topic: str) -> list[int]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
-        return [tp.offset for tp in consumer.committed([TopicPartition("events", p) for p in range(3)], timeout=30)]
+        return [tp.offset for tp in consumer.committed([TopicPartition(topic, p) for p in range(3)], timeout=30)]
     finally:
         consumer.close()
 
@@ -229,13 +237,13 @@ def _group_offsets(bootstrap: str, group: str) -> list[int]:
 @pytest.mark.kafka
 @pytest.mark.timeout(_timeout(2))
 def test_chaos_storm_on_kafka_source_and_sink_loses_and_duplicates_nothing_and_leaves_production_alone(
-        tmp_path: Path, broker) -> None:
+        tmp_path: Path, kafka_broker, topics: KafkaTopics) -> None:
     seeds = _seeds(2)
     first = FIRST_SEED + (0 if SEEDS else 3)  # CI: seeds 4 and 5 here, 1-3 on Delta
     count = KAFKA_EVENTS_PER_SEED * seeds + KAFKA_EVENTS_PER_SEED // 2
-    _produce(broker.bootstrap_servers, count)
+    _produce(kafka_broker.bootstrap_servers, topics, count)
     pipeline = tmp_path / "kafka_pipeline.py"
-    pipeline.write_text(KAFKA_PIPELINE.format(bootstrap=broker.bootstrap_servers))
+    pipeline.write_text(kafka_pipeline(kafka_broker.bootstrap_servers, topics))
     # `corrupt` included: a restore that falls back past a checkpoint the Kafka sink
     # already published replays the epochs in between without publishing them again.
     report = _storm(tmp_path, pipeline, _out(tmp_path, "kafka"), first, seeds, kafka_oracle(count),
@@ -244,5 +252,5 @@ def test_chaos_storm_on_kafka_source_and_sink_loses_and_duplicates_nothing_and_l
     _assert_every_fault_every_seed_exactly_once(report, first, seeds, KAFKA_FAULTS)
     # The runs had consumer groups and topics of their own: production's group committed
     # nothing, and production's output topic got no record.
-    assert all(offset < 0 for offset in _group_offsets(broker.bootstrap_servers, "production"))
-    assert not kafka_rows(broker.bootstrap_servers, "totals")
+    assert all(offset < 0 for offset in _group_offsets(kafka_broker.bootstrap_servers, "production", topics.events))
+    assert not kafka_rows(kafka_broker.bootstrap_servers, topics.totals)

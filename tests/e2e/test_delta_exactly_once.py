@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.delta_job import delta_pipeline, read_delta, s3_server_process
+from tests.e2e.delta_job import delta_pipeline, read_delta
 from tests.e2e.harness import Job, canonical
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
@@ -87,21 +87,22 @@ def test_delta_sink_sigkill_three_times_table_equals_failure_free_run(tmp_path: 
 
 
 @pytest.mark.s3
-def test_delta_sink_on_s3_sigkill_and_restart_is_exactly_once(tmp_path: Path, expected):
+def test_delta_sink_on_s3_sigkill_and_restart_is_exactly_once(tmp_path: Path, expected, s3_server,
+                                                              s3_bucket: str):
     from sparkpoint.connectors.delta_sink import translate_storage_options
 
-    with s3_server_process("delta-e2e") as options:
-        url = "s3://delta-e2e/table"
-        job = Job(tmp_path / "s3", template=delta_pipeline(url, options), **SHAPE)
-        first = job.start()
-        deadline = time.monotonic() + 300
-        while first.count(COMPLETED) < 2:
-            assert first.popen.poll() is None, first.text[-3000:]
-            assert time.monotonic() < deadline, first.text[-3000:]
-            time.sleep(0.2)
-        first.kill9()
-        second = job.run()
-        assert second.popen.returncode == 0 and "FINISHED" in second.text, second.text[-3000:]
-        assert "restores checkpoint" in second.text
-        got = canonical(read_delta(url, translate_storage_options("s3", options)), drop=())
-        assert got == expected
+    options = s3_server.storage_options()
+    url = f"s3://{s3_bucket}/table"
+    job = Job(tmp_path / "s3", template=delta_pipeline(url, options), **SHAPE)
+    first = job.start()
+    deadline = time.monotonic() + 300
+    while first.count(COMPLETED) < 2:
+        assert first.popen.poll() is None, first.text[-3000:]
+        assert time.monotonic() < deadline, first.text[-3000:]
+        time.sleep(0.2)
+    first.kill9()
+    second = job.run()
+    assert second.popen.returncode == 0 and "FINISHED" in second.text, second.text[-3000:]
+    assert "restores checkpoint" in second.text
+    got = canonical(read_delta(url, translate_storage_options("s3", options)), drop=())
+    assert got == expected

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import pytest
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
 from sparkpoint.storage.metadata import decode
 from tests.e2e.harness import REPO, Job, Proc
+from tests.servers.names import unique_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.spark]
 
@@ -37,7 +37,6 @@ EXAMPLE = REPO / "examples" / "kafka_pipeline.py"
 CONFIG = REPO / "examples" / "kafka_pipeline.yaml"
 PRODUCER = REPO / "examples" / "produce_events.py"
 JOB_NAME = "kafka-example"   # the example's Pipeline name
-INPUT = "events"
 EVENTS, USERS, PARTITIONS = 60_000, 300, 3
 PER_EPOCH = 4_000            # per partition: 5 epochs of data
 SUMMARY = re.compile(r"job \S+ (\w+): .* (\d+) checkpoints completed, (\d+) failed, (\d+) restarts")
@@ -79,9 +78,9 @@ def positions_of(data: CompletedCheckpointData) -> dict[str, int]:
     return {s: int(o) for s, o in data.handles["source:kafka"]["positions"].items()}
 
 
-def kafka_job(root: Path, bootstrap: str, output_topic: str, bounded: bool) -> KafkaJob:
+def kafka_job(root: Path, bootstrap: str, input_topic: str, output_topic: str, bounded: bool) -> KafkaJob:
     return KafkaJob(root, env={
-        "SPARKPOINT_KAFKA_BOOTSTRAP": bootstrap, "SPARKPOINT_KAFKA_INPUT": INPUT,
+        "SPARKPOINT_KAFKA_BOOTSTRAP": bootstrap, "SPARKPOINT_KAFKA_INPUT": input_topic,
         "SPARKPOINT_KAFKA_OUTPUT": output_topic, "SPARKPOINT_KAFKA_GROUP": f"group-{output_topic}",
         "SPARKPOINT_KAFKA_MAX_PER_EPOCH": str(PER_EPOCH),
         "SPARKPOINT_KAFKA_BOUNDED": "1" if bounded else "0"})
@@ -108,12 +107,12 @@ def read_committed(bootstrap: str, topic: str) -> list[tuple[bytes, bytes]]:
         consumer.close()
 
 
-def end_offsets(bootstrap: str) -> dict[str, int]:
+def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "e2e-reader"})
     try:
-        return {f"{INPUT}:{p}": consumer.get_watermark_offsets(TopicPartition(INPUT, p), timeout=30)[1]
+        return {f"{topic}:{p}": consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
                 for p in range(PARTITIONS)}
     finally:
         consumer.close()
@@ -132,33 +131,40 @@ def sink_marker(bootstrap: str, job: KafkaJob, topic: str) -> int:
         consumer.close()
 
 
-def group_offsets(bootstrap: str, group: str) -> dict[str, int]:
+def group_offsets(bootstrap: str, group: str, topic: str) -> dict[str, int]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
-        found = consumer.committed([TopicPartition(INPUT, p) for p in range(PARTITIONS)], timeout=30)
+        found = consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30)
     finally:
         consumer.close()
     return {f"{tp.topic}:{tp.partition}": tp.offset for tp in found}
 
 
+@dataclass(frozen=True)
+class Topics:
+    input: str
+    reference: str
+    chaos: str
+
+
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """A broker of this module's own (it gets restarted), with all input produced."""
-    from sparkpoint.testing.kafka_broker import KafkaBroker
+def topics(kafka_broker) -> Topics:
+    """Topics of this module's own on the run's broker, with all input produced."""
+    made = Topics(unique_name("kafka-e2e-events"), unique_name("kafka-e2e-totals-reference"),
+                  unique_name("kafka-e2e-totals-chaos"))
 
-    with KafkaBroker(tmp_path_factory.mktemp("kafka-e2e")) as kafka:
-        def produce(count: int, output_topic: str) -> None:
-            subprocess.run([sys.executable, str(PRODUCER), "--bootstrap-servers",
-                            kafka.bootstrap_servers, "--topic", INPUT, "--output-topic", output_topic,
-                            "--count", str(count), "--users", str(USERS),
-                            "--partitions", str(PARTITIONS)],
-                           check=True, capture_output=True, timeout=120)
+    def produce(count: int, output_topic: str) -> None:
+        subprocess.run([sys.executable, str(PRODUCER), "--bootstrap-servers",
+                        kafka_broker.bootstrap_servers, "--topic", made.input, "--output-topic", output_topic,
+                        "--count", str(count), "--users", str(USERS),
+                        "--partitions", str(PARTITIONS)],
+                       check=True, capture_output=True, timeout=120)
 
-        produce(EVENTS, "totals-reference")
-        produce(0, "totals-chaos")   # only creates the second output topic
-        yield kafka
+    produce(EVENTS, made.reference)
+    produce(0, made.chaos)   # only creates the second output topic
+    return made
 
 
 def _summary(proc: Proc) -> tuple[str, int, int, int]:
@@ -202,29 +208,31 @@ def _wait_until(condition, timeout_s: float, what: str, proc: Proc) -> None:
         time.sleep(0.5)
 
 
-def test_kafka_pipeline_is_exactly_once_across_sigkills_and_a_broker_restart(broker, tmp_path):
+def test_kafka_pipeline_is_exactly_once_across_sigkills_and_a_broker_restart(topics, kafka_broker_to_restart,
+                                                                            tmp_path):
+    broker = kafka_broker_to_restart   # restarted and stopped below
     bootstrap = broker.bootstrap_servers
     seed = int(os.environ.get("SPARKPOINT_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     timings: dict[str, float] = {}
-    ends = end_offsets(bootstrap)
+    ends = end_offsets(bootstrap, topics.input)
 
     # The failure-free reference; bounded, so it finishes by itself.
     started = time.monotonic()
-    reference = kafka_job(tmp_path / "reference", bootstrap, "totals-reference", bounded=True)
+    reference = kafka_job(tmp_path / "reference", bootstrap, topics.input, topics.reference, bounded=True)
     ref = reference.run(timeout=400)
     assert ref.popen.returncode == 0 and _summary(ref)[0] == "FINISHED", ref.text[-3000:]
-    expected = sorted(read_committed(bootstrap, "totals-reference"))
+    expected = sorted(read_committed(bootstrap, topics.reference))
     final_counts: dict[bytes, int] = {}
     for key, value in expected:
         final_counts[key] = max(final_counts.get(key, 0), json.loads(value)["count"])
     assert sum(final_counts.values()) == EVENTS     # every event counted once
-    assert group_offsets(bootstrap, "group-totals-reference") == ends
+    assert group_offsets(bootstrap, f"group-{topics.reference}", topics.input) == ends
     timings["reference"] = time.monotonic() - started
 
     # Unbounded from here on, as Kafka jobs are: three SIGKILLs at random moments.
     started = time.monotonic()
-    job = kafka_job(tmp_path / "chaos", bootstrap, "totals-chaos", bounded=False)
+    job = kafka_job(tmp_path / "chaos", bootstrap, topics.input, topics.chaos, bounded=False)
     notes = _kill_at_random_moments(job, rng, kills=3)
     timings["kills"] = time.monotonic() - started
 
@@ -235,7 +243,7 @@ def test_kafka_pipeline_is_exactly_once_across_sigkills_and_a_broker_restart(bro
         # The broker restarts while epochs are being read...
         time.sleep(rng.uniform(0.5, 3.0))
         broker.restart()
-        _wait_until(lambda: group_offsets(bootstrap, "group-totals-chaos") == ends, 300,
+        _wait_until(lambda: group_offsets(bootstrap, f"group-{topics.chaos}", topics.input) == ends, 300,
                     "the job to catch up", final)
         # ...and then goes away while checkpoints keep completing: their sink and offset
         # commits are due with no broker.
@@ -248,7 +256,7 @@ def test_kafka_pipeline_is_exactly_once_across_sigkills_and_a_broker_restart(bro
                                    start_at=len(final.lines)).group(1))
         # The sink's commit marker reaches a checkpoint completed after the broker returned.
         # (A commit caught in the outage may take the sink's 60 s timeout to give up.)
-        _wait_until(lambda: sink_marker(bootstrap, job, "totals-chaos") >= after, 200,
+        _wait_until(lambda: sink_marker(bootstrap, job, topics.chaos) >= after, 200,
                     f"the sink to publish checkpoint {after}", final)
         final.popen.send_signal(signal.SIGTERM)   # stops with a last checkpoint
         assert final.wait(timeout=120) == 0, final.text[-3000:]
@@ -267,7 +275,7 @@ def test_kafka_pipeline_is_exactly_once_across_sigkills_and_a_broker_restart(bro
     # The source noticed the outage and idled through it.
     assert final.count(r"Kafka source kafka: .* reading nothing until the brokers answer") >= 1, context
 
-    got = sorted(read_committed(bootstrap, "totals-chaos"))
+    got = sorted(read_committed(bootstrap, topics.chaos))
     assert len(got) == len(expected), f"{context}: {len(got)} records vs {len(expected)}"
     assert got == expected, context
 
@@ -275,7 +283,7 @@ def test_kafka_pipeline_is_exactly_once_across_sigkills_and_a_broker_restart(bro
     checkpoint_id, data = job.last_checkpoint()
     assert checkpoint_id >= after, context
     assert positions_of(data) == ends, context
-    assert group_offsets(bootstrap, "group-totals-chaos") == ends, context
+    assert group_offsets(bootstrap, f"group-{topics.chaos}", topics.input) == ends, context
     print(f"kafka e2e {context}")
 
 
@@ -292,9 +300,9 @@ def test_a_source_whose_broker_is_unreachable_reads_nothing_instead_of_failing(m
     with socket.socket() as s:   # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    source = KafkaSource(f"127.0.0.1:{port}", INPUT, reader="confluent", bounded=True)
+    source = KafkaSource(f"127.0.0.1:{port}", "events", reader="confluent", bounded=True)
     source.open(SourceContext(spark=None, job_name="unreachable"))
-    positions = {f"{INPUT}:0": 7, f"{INPUT}:1": 3}
+    positions = {"events:0": 7, "events:1": 3}
     try:
         with pytest.raises(KafkaConnectorError):   # a fresh start has nothing to go on
             source.discover({})

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -24,23 +23,12 @@ from tests.e2e.storage_support import (
 
 pytestmark = pytest.mark.e2e
 
-BUCKET = "sparkpoint-e2e"
-
-
-@pytest.fixture(scope="module")
-def s3_options() -> Iterator[dict]:
-    """How s3fs takes an endpoint and credentials (passed as
-    execution.checkpointing.storage-options)."""
-    from sparkpoint.testing.s3_server import local_s3
-
-    with local_s3(BUCKET) as options:
-        yield options
-
 
 def test_sigkill_and_restart_with_checkpoints_on_s3_is_exactly_once(tmp_path: Path, tmp_path_factory,
-                                                                      s3_options: dict) -> None:
+                                                                      s3_server, s3_bucket: str) -> None:
     expected = reference(tmp_path_factory).rows
-    url = f"s3://{BUCKET}/ckpt"
+    url = f"s3://{s3_bucket}/ckpt"
+    s3_options = s3_server.storage_options()  # as s3fs takes them: execution.checkpointing.storage-options
     job = make_job(tmp_path / "job", checkpoint_dir=url,
                    sets=[f"execution.checkpointing.storage-options={json.dumps(s3_options)}"])
 

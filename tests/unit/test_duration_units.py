@@ -17,7 +17,7 @@ from sparkpoint.checkpoint import (
     ManualScheduler,
 )
 from sparkpoint.config import Settings
-from sparkpoint.testing.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
+from tests.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
 
 
 @pytest.mark.parametrize("source", ["override", "set", "yaml"])

@@ -1,22 +1,15 @@
-"""A real Kafka broker (official jars, KRaft) for the whole session, one shared
-SparkSession, and factories for topics and records."""
+"""One shared SparkSession with Spark's Kafka connector, and factories for topics and
+records on the run's Kafka broker (the `kafka_broker` fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 
-import itertools
 from typing import Callable, Iterator
 
 import pytest
 
 from kafka_support import KafkaTestClient
-from sparkpoint.testing.kafka_broker import KafkaBroker, ensure_kafka_jars
-
-
-
-@pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
-        yield broker
+from tests.servers.kafka_broker import KafkaBroker, ensure_kafka_jars
+from tests.servers.names import unique_name
 
 
 @pytest.fixture(scope="session")
@@ -39,15 +32,12 @@ def spark():
     return session
 
 
-_topics = itertools.count()
-
-
 @pytest.fixture
 def new_topic(kafka: KafkaTestClient, request: pytest.FixtureRequest) -> Callable[..., str]:
     """new_topic(partitions=2) -> the name of a fresh topic for this test."""
 
     def make(partitions: int = 2) -> str:
-        name = f"{request.node.name[:40].replace('[', '-').replace(']', '')}-{next(_topics)}"
+        name = unique_name(request.node.name)
         kafka.create_topic(name, partitions)
         return name
 

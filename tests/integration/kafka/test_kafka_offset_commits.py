@@ -14,7 +14,7 @@ from kafka_support import FAST_RECONNECT, KafkaTestClient
 from sparkpoint.connectors.base import SourceContext
 from sparkpoint.connectors.kafka_common import RateLimitedLog
 from sparkpoint.connectors.kafka_source import KafkaSource, OffsetCommitter
-from sparkpoint.testing.kafka_broker import KafkaBroker
+from tests.servers.names import unique_name
 
 pytestmark = pytest.mark.kafka
 
@@ -101,35 +101,37 @@ def test_rate_limited_log_writes_one_line_per_interval(caplog):
         "commit failed", "commit failed (99 similar messages suppressed)"]
 
 
-def test_commit_due_while_broker_is_down_succeeds_after_restart(tmp_path, caplog):
-    with KafkaBroker(tmp_path / "broker") as broker:
-        client = KafkaTestClient(broker.bootstrap_servers)
-        client.create_topic("outage", 1)
-        client.produce("outage", [(0, None, b"a"), (0, None, b"b")])
-        client.close()
-        source = KafkaSource(broker.bootstrap_servers, "outage", group_id="g-outage",
-                             client_config=FAST_RECONNECT, commit_backoff_ms=50,
-                             commit_backoff_max_ms=500, commit_timeout_ms=1000)
-        source.open(SourceContext(spark=None, job_name="outage"))
-        end = source.plan(source.initial_positions()).end
-        before = failures_metric("g-outage")
+def test_commit_due_while_broker_is_down_succeeds_after_restart(kafka_broker_to_restart, caplog):
+    broker = kafka_broker_to_restart
+    topic, group = unique_name("outage"), unique_name("g-outage")
+    client = KafkaTestClient(broker.bootstrap_servers)
+    client.create_topic(topic, 1)
+    client.produce(topic, [(0, None, b"a"), (0, None, b"b")])
+    client.close()
+    source = KafkaSource(broker.bootstrap_servers, topic, group_id=group,
+                         client_config=FAST_RECONNECT, commit_backoff_ms=50,
+                         commit_backoff_max_ms=500, commit_timeout_ms=1000)
+    source.open(SourceContext(spark=None, job_name="outage"))
+    end = source.plan(source.initial_positions()).end
+    before = failures_metric(group)
 
-        broker.stop()
-        with caplog.at_level(logging.WARNING, logger="sparkpoint.connectors.kafka_source"):
-            source.notify_checkpoint_complete(1, end)       # must not raise
-            deadline = time.monotonic() + 30
-            while source.committer.failed_attempts < 2:
-                assert time.monotonic() < deadline, "commit was not retried"
-                time.sleep(0.05)
-            assert not source.committer.wait_idle(0)
+    broker.stop()
+    with caplog.at_level(logging.WARNING, logger="sparkpoint.connectors.kafka_source"):
+        source.notify_checkpoint_complete(1, end)       # must not raise
+        deadline = time.monotonic() + 30
+        while source.committer.failed_attempts < 2:
+            assert time.monotonic() < deadline, "commit was not retried"
+            time.sleep(0.05)
+        assert not source.committer.wait_idle(0)
 
-            broker.start()
-            assert source.committer.wait_idle(60)
+        broker.start()
+        assert source.committer.wait_idle(60)
 
-        after_restart = KafkaTestClient(broker.bootstrap_servers)   # same port as before
-        assert after_restart.committed_offsets("g-outage", "outage", 1) == {0: 2}
-        assert [v for *_, v in after_restart.read_committed("outage")] == [b"a", b"b"]  # data kept
-        assert failures_metric("g-outage") - before == source.committer.failed_attempts
-        commit_warnings = [r for r in caplog.records if "committing offsets" in r.getMessage()]
-        assert len(commit_warnings) == 1   # one line per minute, not one per retry
-        source.close()
+    after_restart = KafkaTestClient(broker.bootstrap_servers)   # same port as before
+    assert after_restart.committed_offsets(group, topic, 1) == {0: 2}
+    assert [v for *_, v in after_restart.read_committed(topic)] == [b"a", b"b"]  # data kept
+    assert failures_metric(group) - before == source.committer.failed_attempts
+    commit_warnings = [r for r in caplog.records if "committing offsets" in r.getMessage()]
+    assert len(commit_warnings) == 1   # one line per minute, not one per retry
+    source.close()
+    after_restart.close()

@@ -1,40 +1,32 @@
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
 from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.layout import JobLayout
-
-BUCKET = "sparkpoint-checkpoints"
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    from sparkpoint.testing.s3_server import local_s3
-
-    with local_s3(BUCKET) as options:
-        yield options["client_kwargs"]["endpoint_url"]
+from tests.servers.s3_server import S3Server
 
 
 @pytest.fixture
-def s3_options(s3_endpoint: str) -> dict:
-    return {"key": "test", "secret": "test", "skip_instance_cache": True,
-            "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}
+def s3_options(s3_server: S3Server) -> dict:
+    """The run's S3 server; no cached client, so each StorageFS is a client of its own
+    (like a separate process)."""
+    return {**s3_server.storage_options(), "skip_instance_cache": True}
 
 
 _jobs = itertools.count()
 
 
 @pytest.fixture
-def s3_job(s3_options: dict) -> Callable[[], tuple[StorageFS, JobLayout]]:
-    """A fresh job name per test; each call gives a new client (like a separate process)."""
+def s3_job(s3_bucket: str, s3_options: dict) -> Callable[[], tuple[StorageFS, JobLayout]]:
+    """A fresh bucket per test; each call gives a new client (like a separate process)."""
     name = f"job-{next(_jobs)}"
 
     def open_job() -> tuple[StorageFS, JobLayout]:
-        fs = StorageFS.from_url(f"s3://{BUCKET}", storage_options=s3_options)
+        fs = StorageFS.from_url(f"s3://{s3_bucket}", storage_options=s3_options)
         return fs, JobLayout(f"{fs.root}/{name}")
 
     return open_job

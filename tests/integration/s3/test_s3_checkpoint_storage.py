@@ -140,13 +140,13 @@ def test_gc_uses_object_ages(s3_job) -> None:
     assert [c.checkpoint_id for c in storage.load_completed()] == [1]
 
 
-def test_open_job_storage_on_s3(s3_options) -> None:
-    js = open_job_storage("s3://sparkpoint-checkpoints", "opened", s3_options, run_id="r1")
+def test_open_job_storage_on_s3(s3_bucket, s3_options) -> None:
+    js = open_job_storage(f"s3://{s3_bucket}", "opened", s3_options, run_id="r1")
     js.lease.acquire()
     js.ids.start()
     checkpoint_id = js.ids.get_and_increment()
     complete_checkpoint(js.checkpoints, checkpoint_id, {"shared/x": b"x"})
     js.close()
-    again = open_job_storage("s3://sparkpoint-checkpoints", "opened", s3_options, run_id="r2")
+    again = open_job_storage(f"s3://{s3_bucket}", "opened", s3_options, run_id="r2")
     assert again.lease.acquire().token == 2  # released cleanly: no wait
     assert [c.checkpoint_id for c in again.checkpoints.load_completed()] == [1]

@@ -10,7 +10,6 @@ tests/integration/test_parquet_sink_spark.py."""
 from __future__ import annotations
 
 import json
-import uuid
 
 import pyarrow as pa
 import pytest
@@ -20,12 +19,11 @@ from sparkpoint.connectors.parquet_sink import ParquetSink, read_committed
 from sparkpoint.connectors.spark_file_log import LOG_DIR, SparkFileLog
 
 pytestmark = pytest.mark.s3
-BUCKET = "sparkpoint-checkpoints"  # created by tests/integration/s3/conftest.py
 
 
 @pytest.fixture
-def url() -> str:
-    return f"s3://{BUCKET}/output-{uuid.uuid4().hex[:8]}"
+def url(s3_bucket: str) -> str:
+    return f"s3://{s3_bucket}/output"
 
 
 def new_sink(url: str, options: dict) -> ParquetSink:

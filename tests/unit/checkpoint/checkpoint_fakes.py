@@ -1,4 +1,4 @@
-"""Fakes for coordinator tests that need more than sparkpoint/testing/memory.py offers:
+"""Fakes for coordinator tests that need more than tests/memory.py offers:
 storage calls that block until released (stalls), arbitrary exceptions, the optional
 `discard_aborted` extra of a CheckpointStorage, and savepoint locations."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from sparkpoint.checkpoint import CompletedCheckpointData, StateHandle
-from sparkpoint.testing.memory import InMemoryCheckpointStorage, InMemoryIdCounter
+from tests.memory import InMemoryCheckpointStorage, InMemoryIdCounter
 
 WAIT_S = 5.0  # generous bound for "this must happen"; never slept unless something is broken
 

@@ -17,7 +17,7 @@ from sparkpoint.checkpoint import (
     CompletedCheckpointData,
     ManualScheduler,
 )
-from sparkpoint.testing.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
+from tests.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
 
 PARTICIPANTS = ["job", "source:numbers", "state:count/0"]
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from sparkpoint.checkpoint import AckResult, CheckpointFailureReason as R, CheckpointProperties, PendingCheckpoint
 from sparkpoint.checkpoint.scheduler import ScheduledTask
-from sparkpoint.testing.memory import InMemoryLocation
+from tests.memory import InMemoryLocation
 
 
 def pending(participants=("a", "b")) -> PendingCheckpoint:

@@ -12,7 +12,7 @@ from checkpoint_support import Harness, make_harness
 
 from sparkpoint.checkpoint import CheckpointFailureReason as R
 from sparkpoint.errors import LeaseLostError, StorageError
-from sparkpoint.testing.memory import InMemoryCheckpointStorage
+from tests.memory import InMemoryCheckpointStorage
 
 
 def _shutdown() -> Harness:

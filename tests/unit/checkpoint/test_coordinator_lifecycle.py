@@ -12,7 +12,7 @@ from sparkpoint.checkpoint import (
     CoordinatorShutDownError,
 )
 from sparkpoint.errors import StorageError
-from sparkpoint.testing.memory import InMemoryCheckpointStorage
+from tests.memory import InMemoryCheckpointStorage
 
 
 def completed(checkpoint_id: int) -> CompletedCheckpointData:

@@ -16,7 +16,7 @@ from checkpoint_fakes import SavepointStorage
 from checkpoint_support import make_harness
 
 from sparkpoint.checkpoint import CompletedCheckpointData
-from sparkpoint.testing.memory import RecordingGateway
+from tests.memory import RecordingGateway
 
 SINK = "sink:out"
 

@@ -11,7 +11,7 @@ from checkpoint_support import failure_reason, make_harness
 
 from sparkpoint.checkpoint import AckResult, CheckpointCoordinator, CheckpointFailureReason as R
 from sparkpoint.checkpoint import CheckpointCoordinatorConfig, ManualScheduler
-from sparkpoint.testing.memory import InMemoryIdCounter, RecordingGateway
+from tests.memory import InMemoryIdCounter, RecordingGateway
 
 
 def _harness(**kwargs):

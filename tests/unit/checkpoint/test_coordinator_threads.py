@@ -18,7 +18,7 @@ from sparkpoint.checkpoint import (
     CheckpointsStillFinalizingError,
     ThreadScheduler,
 )
-from sparkpoint.testing.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
+from tests.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
 
 
 def test_checkpoints_complete_in_id_order_with_acks_from_many_threads():

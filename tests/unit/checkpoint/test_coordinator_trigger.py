@@ -16,7 +16,7 @@ from sparkpoint.checkpoint import (
     ManualScheduler,
 )
 from sparkpoint.errors import StorageError
-from sparkpoint.testing.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
+from tests.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
 
 
 def test_trigger_starts_a_checkpoint_and_completes_when_all_ack(h):

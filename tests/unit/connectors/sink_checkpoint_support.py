@@ -20,7 +20,7 @@ from pyspark import cloudpickle  # what Spark ships a writer with
 from sparkpoint.checkpoint import CheckpointCoordinator, CheckpointCoordinatorConfig, CompletedCheckpointData
 from sparkpoint.checkpoint import ManualScheduler
 from sparkpoint.connectors.base import Sink
-from sparkpoint.testing.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
+from tests.memory import InMemoryCheckpointStorage, InMemoryIdCounter, RecordingGateway
 
 SINK = "sink:out"
 

@@ -296,26 +296,23 @@ def test_s3fs_options_are_translated_for_delta_rs():
 
 # -- on an S3 API ----------------------------------------------------------------------------
 @pytest.mark.s3
-def test_commit_and_recovery_on_s3():
-    from tests.e2e.delta_job import s3_server_process
+def test_commit_and_recovery_on_s3(s3_server, s3_bucket):
+    url = f"s3://{s3_bucket}/table"
+    opts = {**s3_server.storage_options(), "skip_instance_cache": True}
+    sink = new_sink(url, storage_options=opts)
+    run_epoch(sink, 0, (1, 2), (3,))
+    h1 = roundtrip(sink.pre_commit(1))
+    sink.commit(h1)
+    run_epoch(sink, 1, (4,))
+    h2 = roundtrip(sink.pre_commit(2))
+    run_epoch(sink, 2, (5,))            # never checkpointed
 
-    with s3_server_process("delta-unit") as options:
-        url = "s3://delta-unit/table"
-        opts = {**options, "skip_instance_cache": True}
-        sink = new_sink(url, storage_options=opts)
-        run_epoch(sink, 0, (1, 2), (3,))
-        h1 = roundtrip(sink.pre_commit(1))
-        sink.commit(h1)
-        run_epoch(sink, 1, (4,))
-        h2 = roundtrip(sink.pre_commit(2))
-        run_epoch(sink, 2, (5,))            # never checkpointed
-
-        again = new_sink(url, storage_options=opts)
-        again.recover(h2)                    # the crash hit between `_metadata` of 2 and its commit
-        again.recover(h2)                    # and recovery itself crashed and re-ran
-        got = read_committed(url, opts)
-        assert sorted(got.column("x").to_pylist()) == [1, 2, 3, 4]
-        assert again.transaction_version() == 2
-        assert again.committed_epochs() == [0, 1]
-        leftover = [p for p in again._storage.fs.find(again.root) if "/epoch-" in p]
-        assert sorted(p.split("/table/", 1)[1] for p in leftover) == again.committed_files()
+    again = new_sink(url, storage_options=opts)
+    again.recover(h2)                    # the crash hit between `_metadata` of 2 and its commit
+    again.recover(h2)                    # and recovery itself crashed and re-ran
+    got = read_committed(url, opts)
+    assert sorted(got.column("x").to_pylist()) == [1, 2, 3, 4]
+    assert again.transaction_version() == 2
+    assert again.committed_epochs() == [0, 1]
+    leftover = [p for p in again._storage.fs.find(again.root) if "/epoch-" in p]
+    assert sorted(p.split("/table/", 1)[1] for p in leftover) == again.committed_files()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sparkpoint.checkpoint import CheckpointCoordinator, CheckpointCoordinatorConfig, ManualScheduler
 from sparkpoint.runtime.gateway import RuntimeGateway
 from sparkpoint.runtime.savepoints import one_savepoint_at_a_time
-from sparkpoint.testing.memory import InMemoryCheckpointStorage, InMemoryIdCounter, InMemoryLocation
+from tests.memory import InMemoryCheckpointStorage, InMemoryIdCounter, InMemoryLocation
 
 
 class _WithSavepoints(InMemoryCheckpointStorage):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from snapshot_support import local_checkpoint, open_db, put_keys, read_all
@@ -18,20 +17,11 @@ from sparkpoint.storage.layout import JobLayout
 pytestmark = pytest.mark.s3
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    from sparkpoint.testing.s3_server import local_s3
-
-    with local_s3("checkpoints") as options:
-        yield options["client_kwargs"]["endpoint_url"]
-
-
 @pytest.fixture
-def s3(s3_endpoint: str, request: pytest.FixtureRequest) -> tuple[StorageFS, JobLayout]:
-    fs = StorageFS.from_url("s3://checkpoints", storage_options={
-        "key": "test", "secret": "test", "skip_instance_cache": True,
-        "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}})
-    return fs, JobLayout(f"{fs.root}/{request.node.name.replace('[', '-').rstrip(']')}")
+def s3(s3_server, s3_bucket: str) -> tuple[StorageFS, JobLayout]:
+    fs = StorageFS.from_url(f"s3://{s3_bucket}",
+                            storage_options={**s3_server.storage_options(), "skip_instance_cache": True})
+    return fs, JobLayout(f"{fs.root}/job")
 
 
 def test_incremental_upload_and_restore_on_s3(tmp_path: Path, s3: tuple[StorageFS, JobLayout]) -> None:

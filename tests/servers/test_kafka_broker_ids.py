@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import uuid
 
-from sparkpoint.testing import kafka_broker
+from tests.servers import kafka_broker
 
 
 def test_cluster_ids_never_start_with_a_dash(monkeypatch):

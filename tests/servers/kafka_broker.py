@@ -1,5 +1,5 @@
 """A real single-node Apache Kafka broker (KRaft, combined broker + controller) for
-tests, benchmarks and local runs.
+tests, benchmarks and local runs from a checkout of the repository.
 
 It runs the official Apache Kafka jars that `scripts/fetch_kafka.sh` puts in
 `<repo>/.cache/kafka/libs` (from Maven Central). Nothing is mocked: transactions,
@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import atexit
 import base64
-import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +27,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
-from sparkpoint.errors import SparkpointError
+from tests.servers.lifetime import die_with_parent, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LIBS = REPO_ROOT / ".cache" / "kafka" / "libs"
@@ -60,7 +58,7 @@ Configuration:
 """
 
 
-class KafkaBrokerError(SparkpointError):
+class KafkaBrokerError(RuntimeError):
     """The local test broker could not be set up or started. The message names the
     step; the broker's own log (path in the message) says why."""
 
@@ -83,21 +81,6 @@ def ensure_kafka_jars(libs_dir: Path = DEFAULT_LIBS, *, spark_connector: bool = 
         raise KafkaBrokerError(f"fetching the Kafka jars failed ({FETCH_SCRIPT}):\n"
                                f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return libs_dir
-
-
-def _die_with_parent() -> None:
-    # Runs in the child before exec: ask Linux to SIGTERM the broker when the Python
-    # process that started it dies, so a crashed test run leaves no broker behind.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _random_cluster_id() -> str:
@@ -146,15 +129,14 @@ class KafkaBroker:
         ensure_kafka_jars(self.libs_dir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self._broker_port is None:
-            self._broker_port, self._controller_port = _free_port(), _free_port()
+            self._broker_port, self._controller_port = free_port(), free_port()
         config = self._write_config()
         if not (self.workdir / "data" / "meta.properties").exists():
             self._format_storage(config)
         with open(self.workdir / "broker.out", "ab") as out:
             self._process = subprocess.Popen(
                 self._java("kafka.Kafka", str(config)), stdout=out, stderr=subprocess.STDOUT,
-                cwd=self.workdir, start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                cwd=self.workdir, start_new_session=True, preexec_fn=die_with_parent())
         atexit.register(self.stop)
         self._wait_ready()
         return self
@@ -260,7 +242,7 @@ class KafkaBroker:
                                f"see {self.log_path}")
 
 
-def main() -> None:  # pragma: no cover - manual use: python -m sparkpoint.testing.kafka_broker DIR
+def main() -> None:  # pragma: no cover - manual use: python -m tests.servers.kafka_broker DIR
     workdir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/sparkpoint-kafka"
     with KafkaBroker(workdir) as broker:
         print(f"Kafka broker ready at {broker.bootstrap_servers} (Ctrl-C stops it)", flush=True)

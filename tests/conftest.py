@@ -1,0 +1,43 @@
+"""The servers a test run shares: one Kafka broker and one S3 API server, each started
+by the first test that asks for it and stopped when the run ends (a broker JVM or a moto
+process per module cost seconds each). Tests stay apart by name: each takes fresh
+topics, groups and buckets from `tests.servers.names.unique_name`, never a fixed name."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from tests.servers.kafka_broker import KafkaBroker
+from tests.servers.names import unique_name
+from tests.servers.s3_server import S3Server
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """The run's Kafka broker. A test that stops or restarts it asks for
+    `kafka_broker_to_restart` instead."""
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
+
+
+@pytest.fixture
+def kafka_broker_to_restart(kafka_broker: KafkaBroker) -> Iterator[KafkaBroker]:
+    """The run's broker, for a test that stops or restarts it: running again afterwards,
+    whatever the test did, for the tests that follow."""
+    yield kafka_broker
+    kafka_broker.start()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """The run's S3 API server (storage options: `s3_server.storage_options()`)."""
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
+    """A new, empty bucket on the run's S3 server, named after the test."""
+    return s3_server.create_bucket(unique_name(request.node.name))
