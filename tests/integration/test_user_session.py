@@ -3,8 +3,10 @@ or active on the thread (`sparkpoint.run(...)` in a notebook or a spark-submit s
 that session keeps every setting its owner made: shuffle partitions, adaptive execution, its
 time zone, a custom key. The output is still exactly the reference.
 
-The user's session is a `newSession()` of the shared test session: its own SQL settings on
-the same SparkContext, so no second JVM is started."""
+The handed session is a `newSession()` of the shared test session: its own SQL settings on
+the same SparkContext, so no second JVM is started. The active session is the shared one
+itself (the session `SparkSession.builder.getOrCreate()` returns in a notebook), with the
+owner's settings made for the test and put back after it."""
 
 from __future__ import annotations
 
@@ -45,21 +47,26 @@ def _drop_files(inbox, events: pd.DataFrame, per_file: int = 200) -> None:
 
 
 @contextmanager
-def _active(session, previous):
-    """`session` is the thread's active session (as in a notebook), then `previous` again."""
-    jvm = session.sparkContext._jvm
-    jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
+def _owner_settings(session):
+    """The owner's settings on `session` for the test, the session's own ones again after it."""
+    before = {k: session.conf.get(k, None) for k in USER_SETTINGS}
+    for key, value in USER_SETTINGS.items():
+        session.conf.set(key, value)
     try:
-        yield
+        yield session
     finally:
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(previous._jsparkSession)
+        for key, value in before.items():
+            if value is None:
+                session.conf.unset(key)
+            else:
+                session.conf.set(key, value)
 
 
 @pytest.mark.parametrize("handed", ["spark=session", "active session"])
 def test_a_pipeline_in_the_users_session_keeps_its_settings_and_is_exactly_once(spark, tmp_path, handed):
-    user = spark.newSession()
-    for key, value in USER_SETTINGS.items():
-        user.conf.set(key, value)
+    from pyspark.sql import SparkSession
+
+    assert SparkSession.getActiveSession() is spark  # what a notebook's `spark` is
     events = _events()
     _drop_files(tmp_path / "in", events)
     seen_by_steps: list[str] = []
@@ -78,16 +85,16 @@ def test_a_pipeline_in_the_users_session_keeps_its_settings_and_is_exactly_once(
     overrides = {"execution.checkpointing.dir": str(tmp_path / "chk"), "state.local.dir": str(tmp_path / "state"),
                  "execution.checkpointing.interval": "500 ms", "sparkpoint.progress": False,
                  "rest.enabled": False, "restart-strategy.type": "none", "parallelism.default": 3}
-    if handed == "spark=session":
-        result = pipeline.run(spark=user, overrides=overrides)
-    else:
-        with _active(user, spark):
+    with _owner_settings(spark.newSession() if handed == "spark=session" else spark) as user:
+        if handed == "spark=session":
+            result = pipeline.run(spark=user, overrides=overrides)
+        else:
             result = sparkpoint.run(pipeline, overrides=overrides)
 
-    assert result.status == JobStatus.FINISHED and result.restarts == 0
-    assert seen_by_steps and set(seen_by_steps) == {"kept"}  # every epoch ran in the user's session
-    assert {k: user.conf.get(k) for k in USER_SETTINGS} == USER_SETTINGS
-    assert user.range(3).count() == 3  # not stopped
+        assert result.status == JobStatus.FINISHED and result.restarts == 0
+        assert seen_by_steps and set(seen_by_steps) == {"kept"}  # every epoch ran in the user's session
+        assert {k: user.conf.get(k) for k in USER_SETTINGS} == USER_SETTINGS
+        assert user.range(3).count() == 3  # not stopped
 
     out = ds.dataset(str(tmp_path / "out"), format="parquet", partitioning="hive",
                      ignore_prefixes=["_", "."]).to_table().to_pandas()
