@@ -1,6 +1,8 @@
 """sparkpoint: fault-tolerant, exactly-once stateful stream processing for PySpark,
 with Flink-grade checkpoint coordination."""
 
+from typing import TYPE_CHECKING
+
 from sparkpoint.spark_version import require_supported_pyspark
 
 # PySpark is the `spark` extra or the cluster's own: a missing or unsupported one is one
@@ -28,6 +30,10 @@ from sparkpoint.connectors.generator import GeneratorSource  # noqa: E402
 from sparkpoint.connectors.parquet_sink import ParquetSink  # noqa: E402
 from sparkpoint.job import run  # noqa: E402
 from sparkpoint.runtime.state_reader import read_state, read_timers  # noqa: E402
+
+if TYPE_CHECKING:  # loaded on first use (__getattr__ below); named here for type checkers and the API docs
+    from sparkpoint.connectors.kafka_sink import KafkaSink
+    from sparkpoint.connectors.kafka_source import KafkaSource
 
 _pipeline.set_launcher(run)  # Pipeline.run -> sparkpoint.job.run (the builder does not import the runtime)
 
