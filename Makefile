@@ -1,25 +1,50 @@
-# Two entry points, both bootstrap everything on a fresh machine (Python 3.11 + Java 17):
-#   make demo   run the demo pipeline on embedded local Spark
+# Two entry points, both bootstrap everything on a fresh machine (Python 3.13 + Java 17;
+# `make test` also needs Python 3.11, the oldest supported, for tests/packaging/):
+#   make demo   run the demo pipeline on embedded local Spark (installs sparkpoint[spark] only)
 #   make test   run the test suite
+# Both install the exact known-good set in constraints.txt (`make lock` regenerates it).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PYTHON311 ?= $(shell command -v python3.11 || command -v python3)
+# The newest supported Python runs the whole suite; tests/packaging/test_wheel.py installs
+# the built wheel on the oldest, next to the oldest PySpark and the lowest dependency bounds.
+PYTHON_VERSION ?= 3.13
+# The first interpreter that really is $(1): a pyenv shim on PATH may name a version it
+# does not have selected, so pyenv's own install directories are asked as well.
+find_python = $(shell for p in python$(1) $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)); do \
+	$$p -c 'import sys; assert "%d.%d" % sys.version_info[:2] == "$(1)"; print(sys.executable)' 2>/dev/null && break; done)
+ifndef PYTHON
+PYTHON := $(call find_python,$(PYTHON_VERSION))
+endif
+ifndef SPARKPOINT_OLDEST_PYTHON
+SPARKPOINT_OLDEST_PYTHON := $(call find_python,3.11)
+endif
+export SPARKPOINT_OLDEST_PYTHON
 
-.PHONY: demo test test-fast bootstrap check-java kafka-jars bench clean-demo docs chaos
+.PHONY: demo test test-fast bootstrap check-java kafka-jars bench clean-demo docs chaos lock
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required (Spark runs on the JVM). Install a JDK 17, e.g. 'apt-get install openjdk-17-jdk-headless', or put it on PATH." >&2; exit 1; }
 	@java -version 2>&1 | head -1 | grep -Eq '"(1[7-9]|2[0-9])' || { echo "error: Java 17+ is required, found: $$(java -version 2>&1 | head -1)" >&2; exit 1; }
 
-$(VENV)/.installed: pyproject.toml
-	@$(PYTHON311) -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || { echo "error: Python 3.11 is required (found $$($(PYTHON311) --version 2>&1))" >&2; exit 1; }
-	$(PYTHON311) -m venv $(VENV)
+# A venv of another Python (an older checkout's) is rebuilt, not patched.
+$(VENV)/.python-$(PYTHON_VERSION):
+	@test -n "$(PYTHON)" || { echo "error: Python $(PYTHON_VERSION) is required (python$(PYTHON_VERSION) not found; or set PYTHON=/path/to/python$(PYTHON_VERSION))" >&2; exit 1; }
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-bootstrap: check-java $(VENV)/.installed
+$(VENV)/.installed-test: $(VENV)/.python-$(PYTHON_VERSION) pyproject.toml constraints.txt
+	$(PY) -m pip install -q -c constraints.txt -e ".[spark,test]"
+	touch $@
+
+# The demo needs PySpark and the core dependencies only (GeneratorSource, ParquetSink).
+$(VENV)/.installed-demo: $(VENV)/.python-$(PYTHON_VERSION) pyproject.toml constraints.txt
+	$(PY) -m pip install -q -c constraints.txt -e ".[spark]"
+	touch $@
+
+bootstrap: check-java $(VENV)/.installed-test
 
 kafka-jars: bootstrap
 	@command -v mvn >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq maven >/dev/null; else echo "error: mvn (Apache Maven) is needed once to fetch the Kafka broker jars from Maven Central; install it (apt-get install maven)" >&2; exit 1; fi; }
@@ -30,7 +55,7 @@ kafka-jars: bootstrap
 chromium:
 	@test -x /usr/bin/chromium || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; else echo "error: the browser tests need Chromium at /usr/bin/chromium; install it (apt-get install chromium)" >&2; exit 1; fi; }
 
-demo: bootstrap
+demo: check-java $(VENV)/.installed-demo
 	$(VENV)/bin/sparkpoint run examples/demo.py --config examples/demo.yaml
 
 test: bootstrap kafka-jars chromium
@@ -56,7 +81,7 @@ chaos: bootstrap kafka-jars
 
 # The docs site with the API reference from the docstrings, into site/.
 docs: bootstrap
-	$(PY) -m pip install -q -e ".[docs]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"
 	$(PY) scripts/gen_config_keys.py
 	$(VENV)/bin/mkdocs build --strict
 
@@ -64,8 +89,19 @@ docs: bootstrap
 # bench/pyflink/setup.sh), then bench/RESULTS.md and bench/plots/*.png. ARGS passes options, e.g.
 # make bench ARGS="--only w1,w2 --runs 3" or ARGS="--more --runs 0" (re-render only).
 bench: bootstrap
-	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) bench/run_all.py $(ARGS)
 
 clean-demo:
 	rm -rf sparkpoint-demo
+
+# constraints.txt: the exact set `make` and CI install, resolved afresh from pyproject.toml's
+# ranges on Python $(PYTHON_VERSION) (every extra, so `make docs` and `make bench` are pinned too).
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q --upgrade pip
+	.venv-lock/bin/python -m pip install -q -e ".[spark,test,docs,material,bench]"
+	{ echo "# The exact known-good set: make bootstrap, make demo and CI install with -c constraints.txt."; \
+	  echo "# Regenerate with 'make lock' (Python $(PYTHON_VERSION)); pyproject.toml holds the ranges."; \
+	  .venv-lock/bin/python -m pip freeze --exclude-editable; } > constraints.txt
+	rm -rf .venv-lock

@@ -111,3 +111,8 @@ class KafkaConnectorError(SparkpointError):
     """A Kafka source or sink could not do its job (broker unreachable past the
     timeout, topic missing, data removed by retention). The message names the topic
     and what to check."""
+
+
+class UnsupportedPySpark(SparkpointError, ImportError):
+    """`import sparkpoint` found no PySpark, or one outside the supported range. Install
+    `sparkpoint[spark]`, or run on a Spark runtime whose pyspark is in the range."""

@@ -132,7 +132,9 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     whose task ended first last epoch (`EpochResult.worker_order`), and so on, sends most
     subtasks back to the worker that holds their store open, warm, instead of half of
     them to the other worker, which must wait for the store and read it cold."""
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from sparkpoint.runtime.arrow_schema import arrow_schema
 
     if task is None:
         df, obs = _observe(df, event_time_column, epoch)
@@ -141,7 +143,7 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     from pyspark.sql import functions as F
 
     op = task.operator
-    op.resolve_input_schema(to_arrow_schema(df.schema, timezone=_session_time_zone(spark)))
+    op.resolve_input_schema(arrow_schema(df.schema, _session_time_zone(spark)))
     keys = [F.col(c) for c in op.key_columns]
     pre, obs = _pre_aggregate_counting(op, df, event_time_column, epoch)
     kg = F.pmod(F.xxhash64(*keys), F.lit(task.max_parallelism)).cast("int")
@@ -158,7 +160,7 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     partition_of = {s: i for i, s in enumerate(order)}
     tag = F.element_at(F.array(*[F.lit(tags[partition_of[s]]) for s in range(task.parallelism)]), subtask + 1)
     rows = pre.repartition(task.parallelism, tag)
-    in_schema = to_arrow_schema(rows.schema, timezone=_session_time_zone(spark))
+    in_schema = arrow_schema(rows.schema, _session_time_zone(spark))
     schema = output_schema_with_meta(op.output_schema)
 
     def apply_subtask(batches):
@@ -211,9 +213,11 @@ def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:
         out = output.map(df.toArrow())
         m = observed(obs) or {}  # none: Spark ran no task over an input it knew was empty
         return EpochResult(out, int(m.get("n", 0)), m.get("max_ts"), {}, {}, {})
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    in_schema = to_arrow_schema(df.schema, timezone=_session_time_zone(df.sparkSession))
+    from sparkpoint.runtime.arrow_schema import arrow_schema
+
+    in_schema = arrow_schema(df.schema, _session_time_zone(df.sparkSession))
     schema = output_schema_with_meta(pa.schema([]))
 
     def write_partition(batches):

@@ -62,7 +62,9 @@ def read_timers(spark, path: str, operator: Any = None, *, storage_options: Mapp
 
 def _read(spark, path: str, operator: Any, storage_options: Mapping[str, Any] | None,
           key_schema: SchemaLike | None, kind: str):
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from sparkpoint.runtime.arrow_schema import arrow_schema
 
     source = open_state_source(path, storage_options)
     desc, subtasks = _resolve(source, operator)
@@ -75,7 +77,7 @@ def _read(spark, path: str, operator: Any, storage_options: Mapping[str, Any] | 
     schema = desc.output_schema() if kind == "state" else desc.timer_schema()
     spark_schema = from_arrow_schema(schema)
     # What Spark expects back (e.g. its timestamp unit); executors cast to it.
-    target = to_arrow_schema(spark_schema, timezone="UTC")
+    target = arrow_schema(spark_schema, "UTC")
     task = _ReadTask(source.files_url, options, lineages, desc.to_json(), kind, source.what, target)
     n = len(lineages)
     return spark.range(0, n, 1, n).mapInArrow(task, spark_schema)
