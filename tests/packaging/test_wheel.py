@@ -33,10 +33,9 @@ REPO = Path(__file__).resolve().parents[2]
 PIP_CACHE = REPO / ".cache" / "pip"
 UV_CACHE = REPO / ".cache" / "uv"
 OLDEST_PYTHON = "3.11"
-# sparkpoint.testing keeps only what users call: the processor tester (and, while it
-# lives there, the in-memory storage it runs on). The Kafka launcher, S3 server helper
-# and cluster harness belong to the test tree.
-USER_TESTING_MODULES = {"__init__.py", "harness.py", "harness_keys.py", "memory.py"}
+# sparkpoint.testing keeps only what users call: the processor tester. The Kafka
+# launcher, S3 server helper, cluster harness and in-memory storage belong to the test tree.
+USER_TESTING_MODULES = {"__init__.py", "harness.py", "harness_keys.py"}
 TEST_SERVERS = {"kafka_broker.py", "s3_server.py", "spark_cluster.py"}
 
 
