@@ -49,17 +49,22 @@ class TimerValues:
         self.current_watermark_ms = currentWatermarkInMs
 
     def getCurrentProcessingTimeInMs(self) -> int:
+        """The processing time of this epoch (ms since the epoch); the same for every key of the epoch, and replayed as it was when an epoch runs again."""
         return self.current_processing_time_ms
 
     def getCurrentWatermarkInMs(self) -> int:
+        """The watermark this epoch runs under (ms), or -1 before the first event time is seen or without event time."""
         return self.current_watermark_ms
 
 
 class ExpiredTimerInfo:
+    """The timer that fired, handed to `handle_expired_timer`."""
+
     def __init__(self, expiryTimeInMs: int = -1) -> None:
         self.expiry_time_ms = expiryTimeInMs
 
     def getExpiryTimeInMs(self) -> int:
+        """When the timer was due (ms): the time `registerTimer` was given."""
         return self.expiry_time_ms
 
 
@@ -68,10 +73,12 @@ class StatefulProcessor:
     optionally `handle_expired_timer` / `handleExpiredTimer` and `close`."""
 
     def init(self, handle: "StatefulProcessorHandle") -> None:
+        """Called once per subtask before any key: declare state variables here with `handle.getValueState` / `getListState` / `getMapState` and keep them on `self`. Timers and state values can only be used while a key is processed."""
         pass
 
     def handle_input_rows(self, key: tuple, rows: pd.DataFrame,
                           timer_values: TimerValues) -> Iterator[pd.DataFrame]:
+        """Called once per key with input in the epoch: `key` is the tuple of key column values, `rows` that key's rows of the epoch (one pandas DataFrame). Yield output DataFrames whose columns match the operator's `output_schema`. The default calls PySpark's `handleInputRows`."""
         if type(self).handleInputRows is StatefulProcessor.handleInputRows:
             raise NotImplementedError(f"{type(self).__name__} must define handle_input_rows "
                                       "(or PySpark's handleInputRows)")
@@ -79,18 +86,21 @@ class StatefulProcessor:
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        """PySpark's name and signature (`transformWithStateInPandas`): `rows` is an iterator of DataFrames. Define this or `handle_input_rows`."""
         raise NotImplementedError
 
     def handle_expired_timer(self, key: tuple, timer_values: TimerValues,
                              expired_timer_info: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        """Called once per timer of `key` that is due: an event-time timer when the watermark passes it, a processing-time timer when the epoch's processing time does. Yield output DataFrames; the default calls PySpark's `handleExpiredTimer`, which yields nothing."""
         return self.handleExpiredTimer(key, timer_values, expired_timer_info)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        """PySpark's name and signature for `handle_expired_timer`."""
         return iter(())
 
     def close(self) -> None:
-        pass
+        """Called when the subtask is done with the processor (end of an epoch's work or of the job)."""
 
 
 # -- per-key scope ---------------------------------------------------------------------
@@ -110,20 +120,27 @@ class _CurrentKey:
 
 
 class ValueState:
+    """One value per key (a row of the declared schema), from `handle.getValueState(name, schema)`.
+    Every method acts on the key being processed."""
+
     def __init__(self, store, current: _CurrentKey, ns: bytes, codec: RowCodec):
         self._store, self._current, self._ns, self._codec = store, current, ns, codec
 
     def exists(self) -> bool:
+        """Whether the current key has a value."""
         return self._store.get(self._current.prefix(self._ns)) is not None
 
     def get(self) -> tuple | None:
+        """The current key's value as a tuple of the schema's columns, or None."""
         raw = self._store.get(self._current.prefix(self._ns))
         return None if raw is None else self._codec.decode(raw)
 
     def update(self, newValue: Any) -> None:
+        """Set the current key's value: a tuple, a dict or a scalar for a one-column schema; values are checked against the schema."""
         self._store.put(self._current.prefix(self._ns), self._codec.encode(newValue))
 
     def clear(self) -> None:
+        """Remove the current key's value."""
         self._store.delete(self._current.prefix(self._ns))
 
 
@@ -137,24 +154,30 @@ class ListState:
         self._store, self._current, self._ns, self._codec = store, current, ns, codec
 
     def exists(self) -> bool:
+        """Whether the current key's list has any element."""
         return self._store.get(self._current.prefix(self._ns)) is not None
 
     def get(self) -> Iterator[tuple]:
+        """The current key's elements in the order they were added, as tuples."""
         head = self._current.prefix(self._ns)
         return iter([self._codec.decode(v) for k, v in list(self._store.scan_prefix(head)) if k != head])
 
     def put(self, newState: Iterable[Any]) -> None:
+        """Replace the current key's list with `newState` (checked before anything is changed)."""
         rows = [self._codec.encode(v) for v in newState]  # validate before touching state
         self.clear()
         self._append(rows)
 
     def appendValue(self, newState: Any) -> None:
+        """Add one element to the end of the current key's list."""
         self._append([self._codec.encode(newState)])
 
     def appendList(self, newState: Iterable[Any]) -> None:
+        """Add elements to the end of the current key's list."""
         self._append([self._codec.encode(v) for v in newState])
 
     def clear(self) -> None:
+        """Remove the current key's list."""
         head = self._current.prefix(self._ns)
         self._store.delete_many([k for k, _ in list(self._store.scan_prefix(head))])
 
@@ -176,33 +199,42 @@ class MapState:
         self._key_codec, self._value_codec = key_codec, value_codec
 
     def exists(self) -> bool:
+        """Whether the current key's map has any entry."""
         return self._store.has_prefix(self._current.prefix(self._ns))
 
     def getValue(self, key: Any) -> tuple | None:
+        """The value stored under `key` in the current key's map, or None."""
         raw = self._store.get(self._entry(key))
         return None if raw is None else self._value_codec.decode(raw)
 
     def containsKey(self, key: Any) -> bool:
+        """Whether the current key's map has `key`."""
         return self._store.get(self._entry(key)) is not None
 
     def updateValue(self, key: Any, value: Any) -> None:
+        """Store `value` under `key` in the current key's map."""
         self._store.put(self._entry(key), self._value_codec.encode(value))
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
+        """The current key's entries as (map key, value) tuples, in the order of their encoded keys."""
         prefix = self._current.prefix(self._ns)
         entries = list(self._store.scan_prefix(prefix))
         return iter([(self._key_codec.decode(k[len(prefix):]), self._value_codec.decode(v)) for k, v in entries])
 
     def keys(self) -> Iterator[tuple]:
+        """The current key's map keys."""
         return (k for k, _ in self.iterator())
 
     def values(self) -> Iterator[tuple]:
+        """The current key's map values."""
         return (v for _, v in self.iterator())
 
     def removeKey(self, key: Any) -> None:
+        """Remove `key` from the current key's map."""
         self._store.delete(self._entry(key))
 
     def clear(self) -> None:
+        """Remove every entry of the current key's map."""
         prefix = self._current.prefix(self._ns)
         self._store.delete_many([k for k, _ in list(self._store.scan_prefix(prefix))])
 
@@ -223,15 +255,18 @@ class StatefulProcessorHandle:
 
     # -- state variables -----------------------------------------------------------------
     def getValueState(self, stateName: str, schema: SchemaLike, ttlDurationMs: int | None = None) -> ValueState:
+        """Declare a value state named `stateName` with `schema` (a DDL string such as "count BIGINT, last TIMESTAMP" or a StructType). The name is the state's identity in checkpoints. `ttlDurationMs` is refused: clear state from a timer instead."""
         ns = self._declare(stateName, "value", ttlDurationMs)
         return ValueState(self._store, self._current, ns, RowCodec(stateName, schema))
 
     def getListState(self, stateName: str, schema: SchemaLike, ttlDurationMs: int | None = None) -> ListState:
+        """Declare a list state named `stateName` whose elements have `schema`."""
         ns = self._declare(stateName, "list", ttlDurationMs)
         return ListState(self._store, self._current, ns, RowCodec(stateName, schema))
 
     def getMapState(self, stateName: str, userKeySchema: SchemaLike, valueSchema: SchemaLike,
                     ttlDurationMs: int | None = None) -> MapState:
+        """Declare a map state named `stateName`: map keys of `userKeySchema`, values of `valueSchema`."""
         ns = self._declare(stateName, "map", ttlDurationMs)
         return MapState(self._store, self._current, ns, RowCodec(f"{stateName} (map key)", userKeySchema),
                         RowCodec(stateName, valueSchema))
@@ -257,6 +292,7 @@ class StatefulProcessorHandle:
                         msgpack.packb(list(self._current.plain), use_bin_type=True))
 
     def deleteTimer(self, expiryTimestampMs: Any) -> None:
+        """Remove the current key's timer due at `expiryTimestampMs` (ms or a timestamp), if there is one."""
         self._require_timers()
         ts = timer_ms(expiryTimestampMs)
         self._store.delete(self._current.prefix(_NS_TIMERS_BY_KEY) + encode_timestamp(ts))
@@ -264,6 +300,7 @@ class StatefulProcessorHandle:
                            + self._current.user_key)
 
     def listTimers(self) -> Iterator[int]:
+        """The current key's timers, as ms."""
         prefix = self._current.prefix(_NS_TIMERS_BY_KEY)
         return iter([decode_timestamp(k[len(prefix):]) for k, _ in list(self._store.scan_prefix(prefix))])
 
