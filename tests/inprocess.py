@@ -459,8 +459,9 @@ class Run:
         self._logger.removeHandler(self._out.handler)
         self._logger.setLevel(self._level)
         rest = getattr(self.job, "rest", None)
-        if rest is not None:  # a crashed run's clean-up may stop before it closes the server
-            rest.close()
+        serving = getattr(rest, "_thread", None)
+        if serving is not None and serving.is_alive():  # a crashed run's clean-up may stop before closing it
+            rest.close(linger_s=0)
         self._assert_no_threads_left()
 
     def _assert_no_threads_left(self, timeout: float = 30) -> None:

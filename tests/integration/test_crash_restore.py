@@ -11,6 +11,7 @@ Python workers) stay in tests/e2e."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,63 @@ def test_seed002_restart_after_a_crash_refuses_checkpoints_while_restoring_and_c
     for run in (first, second):
         assert "already exists" not in run.text
     _assert_exactly_once(out, expected)
+
+
+# Paced input, so the job is still running when it is stopped (windows do not depend on pacing).
+LIFECYCLE = Events(keys=300, total=90_000, per_epoch=6_000, rate_per_s=6_000)
+
+
+@pytest.fixture(scope="module")
+def lifecycle_expected(spark) -> list[tuple]:
+    return expected_windows(spark, LIFECYCLE)
+
+
+def test_stop_with_savepoint_move_restore_at_3_crash_rerun_rescale_to_1_equals_the_batch_answer(
+        spark, tmp_path, lifecycle_expected):
+    """`sparkpoint stop --savepoint` (the CLI a person uses, through the job's REST API)
+    stops a windowed job at parallelism 2; the savepoint is moved; the job starts from
+    the moved copy at parallelism 3, crashes, and is rerun with the same settings (it
+    resumes from its own checkpoint, not the savepoint); it crashes again and finishes
+    at parallelism 1 from its latest checkpoint. The committed output is the batch answer."""
+    from click.testing import CliRunner
+
+    from sparkpoint.ops.cli import cli
+
+    name, out = "lifecycle", tmp_path / "out"
+    checkpoints = str(tmp_path / "checkpoints")
+    first = start(LIFECYCLE.pipeline(name, out), job_settings(tmp_path, name, **{"rest.enabled": True,
+                                                                               "rest.port": 0}), spark)
+    first.wait_for(r"completed checkpoint \d+ of job", timeout=240)
+    first.wait_for(r"completed checkpoint \d+ of job", timeout=120, start_at=len(first.lines))
+    stopped = CliRunner().invoke(cli, ["stop", "--checkpoint-dir", checkpoints, "--job", name, "--savepoint"])
+    assert stopped.exit_code == 0, stopped.output
+    savepoint = stopped.output.strip().splitlines()[-1].split()[-1]
+    result = first.wait(timeout=120)
+    assert result.status is JobStatus.FINISHED and result.extra["savepoint"] == savepoint, first.tail()
+
+    moved = tmp_path / "moved-savepoint"
+    shutil.copytree(savepoint, moved)
+    shutil.rmtree(savepoint)
+    from_savepoint = {"execution.state-recovery.path": str(moved), "parallelism.default": 3}
+
+    second = start(LIFECYCLE.pipeline(name, out), job_settings(tmp_path, name, **from_savepoint), spark)
+    second.wait_for(r"resuming from savepoint \d+ .* in " + re.escape(str(moved)), timeout=240)
+    second.wait_for(r"rescaled operator windows from parallelism 2 to 3", timeout=30)
+    mark = len(second.lines)
+    second.wait_for(r"completed checkpoint \d+ of job", timeout=120, start_at=mark)
+    second.wait_for(r"completed checkpoint \d+ of job", timeout=120, start_at=len(second.lines))
+    second.crash()
+
+    third = restart(second, LIFECYCLE.pipeline(name, out), spark)  # the same settings, after a crash
+    third.wait_for(r"resuming from checkpoint \d+ ", timeout=240)
+    assert "resuming from savepoint" not in third.text
+    third.wait_for(r"completed checkpoint \d+ of job", timeout=120, start_at=len(third.lines))
+    third.crash()
+
+    last = restart(third, LIFECYCLE.pipeline(name, out), spark,
+                   job_settings(tmp_path, name, **{"parallelism.default": 1}))
+    assert last.wait(timeout=400).status is JobStatus.FINISHED, last.tail()
+    assert "rescaled operator windows from parallelism 3 to 1" in last.text, last.tail()
+
+    _assert_exactly_once(out, lifecycle_expected)
+    assert (moved / "_metadata").exists()  # NO_CLAIM: never deleted
