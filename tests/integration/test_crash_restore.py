@@ -138,3 +138,46 @@ def test_stop_with_savepoint_move_restore_at_3_crash_rerun_rescale_to_1_equals_t
 
     _assert_exactly_once(out, lifecycle_expected)
     assert (moved / "_metadata").exists()  # NO_CLAIM: never deleted
+
+
+def _lease_of(tmp_path: Path, name: str):
+    from sparkpoint.storage.fs import StorageFS
+    from sparkpoint.storage.layout import JobLayout
+    from sparkpoint.storage.lease import read_current_lease
+
+    fs = StorageFS.from_url(str(tmp_path / "checkpoints"))
+    return read_current_lease(fs, JobLayout(f"{fs.root}/{name}"))
+
+
+@pytest.mark.parametrize("crash_at", [
+    CrashPoint.after_epoch(3),
+    CrashPoint.after_metadata(2),
+    CrashPoint.before_savepoint_metadata(),
+], ids=["after-epoch-3", "after-metadata-before-commit", "during-a-savepoint"])
+def test_a_crash_at_any_point_leaves_the_lease_and_staging_and_the_restart_commits_exactly_once(
+        spark, tmp_path, expected, crash_at):
+    """Wherever the driver dies, nothing it would have done afterwards happens (its lease
+    is not released, no final checkpoint, no later `_metadata`), and the next run on the
+    same directories takes over and commits every window exactly once."""
+    name, out = "crashes", tmp_path / "out"
+    first = start(EVENTS.pipeline(name, out), job_settings(tmp_path, name), spark, crash_at=crash_at)
+    if crash_at.description.startswith("before a savepoint"):
+        first.wait_for(r"completed checkpoint \d+ of job", timeout=240)
+        first.job.stop(savepoint=True)
+    first.wait_crashed()
+    completed_at_crash = _checkpoint_dirs(tmp_path, name)[0]
+
+    lease = _lease_of(tmp_path, name)
+    assert lease is not None and not lease.released, "a crashed run does not release its lease"
+    assert not first.job.final_done and first.job.status.status is not JobStatus.FINISHED, \
+        "no final checkpoint after a crash"
+    assert not list((tmp_path / "checkpoints" / name / "savepoints").glob("*/_metadata")), \
+        "a savepoint cut short has no _metadata"
+    assert len(canonical(read_output(out))) < len(expected), "the crash left output uncommitted"
+
+    second = restart(first, EVENTS.pipeline(name, out), spark)
+    assert second.wait().status is JobStatus.FINISHED, second.tail()
+    assert _checkpoint_dirs(tmp_path, name)[0] - completed_at_crash, "the restart completed checkpoints of its own"
+    if completed_at_crash:
+        assert second.job.restored_from == max(int(n.split("-")[1]) for n in completed_at_crash)
+    _assert_exactly_once(out, expected)
