@@ -181,3 +181,35 @@ def test_a_crash_at_any_point_leaves_the_lease_and_staging_and_the_restart_commi
     if completed_at_crash:
         assert second.job.restored_from == max(int(n.split("-")[1]) for n in completed_at_crash)
     _assert_exactly_once(out, expected)
+
+
+def _wait_until(condition, run, timeout: float = 240) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not reached in {timeout:.0f} s:\n{run.tail()}"
+        time.sleep(0.1)
+
+
+def test_a_stop_leaves_a_committed_last_checkpoint_and_the_next_run_resumes_from_it(spark, tmp_path, expected):
+    """What Ctrl-C / SIGTERM ask for (the signal handler queues this same stop; the real
+    signals are in tests/e2e/test_stop_signals.py): a last checkpoint whose output is
+    committed, FINISHED, and the next run resumes from that checkpoint and completes the
+    output exactly once."""
+    name, out = "stopped", tmp_path / "out"
+    paced = Events(rate_per_s=6_000)  # still running when the stop arrives
+    first = start(paced.pipeline(name, out), job_settings(tmp_path, name), spark)
+    # Event time 5 s in: windows have fired, so the stop has output to commit.
+    _wait_until(lambda: (first.job.max_event_time or 0) >= 1_700_000_005_000, first)
+    assert first.job.stop(savepoint=False).result(timeout=240) is None
+    result = first.wait()
+    assert result.status is JobStatus.FINISHED, first.tail()
+    assert "stopped with a last checkpoint; its output is committed" in first.text, first.tail()
+    committed = canonical(read_output(out))
+    assert committed and len(committed) < len(expected), "the last checkpoint's output, and no more"
+
+    second = start(paced.pipeline(name, out), job_settings(tmp_path, name), spark)  # the lease was released
+    second.wait_for(rf"resuming from checkpoint {result.last_checkpoint_id} ", timeout=240)
+    assert second.wait().status is JobStatus.FINISHED, second.tail()
+    _assert_exactly_once(out, expected)
