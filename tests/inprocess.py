@@ -373,6 +373,7 @@ class Run:
         self._logger.addHandler(self._out.handler)
         if self._logger.getEffectiveLevel() > logging.INFO:
             self._logger.setLevel(logging.INFO)
+        _live.add(self)
         self._thread.start()
 
     def _main(self) -> None:
@@ -456,6 +457,7 @@ class Run:
             self.switch.crash("did not end in time")
             self._thread.join(60)
             raise AssertionError(f"the run did not end in {timeout:.0f} s:\n{self.tail()}")
+        _live.discard(self)
         self._logger.removeHandler(self._out.handler)
         self._logger.setLevel(self._level)
         rest = getattr(self.job, "rest", None)
@@ -474,6 +476,19 @@ class Run:
             if time.monotonic() > deadline:
                 raise AssertionError(f"the run left threads behind: {[t.name for t in left]}")
             time.sleep(0.05)
+
+
+_live: set[Run] = set()
+
+
+def crash_leftovers() -> None:
+    """Crash every run a failed test left running, so it cannot hold the shared session
+    (tests/integration/conftest.py calls this after each test)."""
+    for run in list(_live):
+        try:
+            run.crash("left running by its test")
+        except AssertionError:
+            pass  # the test already failed; its run is stopped either way
 
 
 def _ours(thread: threading.Thread) -> bool:
