@@ -11,3 +11,15 @@ def spark():
     from sparkpoint.runtime.spark import get_or_create_spark
 
     return get_or_create_spark("local[2]", "tests", 2)
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test():
+    """A test that failed half-way through an in-process run (tests/inprocess.py) must
+    not leave it running on the shared session into the next test."""
+    yield
+    import sys
+
+    inprocess = sys.modules.get("tests.inprocess")
+    if inprocess is not None:
+        inprocess.crash_leftovers()

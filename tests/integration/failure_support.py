@@ -1,5 +1,5 @@
 """Shared pieces of the checkpoint-failure rehearsals (tests/integration/test_failure_paths.py
-and tests/e2e/test_seed_scenarios.py): one windowed pipeline, its exact expected output,
+and tests/integration/test_crash_restore.py): one windowed pipeline, its exact expected output,
 and a JobMaster that records what a user would observe."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Savepoints and rescaling, in process on one local Spark session (the CLI and SIGKILL
-version is tests/e2e/test_savepoint_lifecycle.py): stop with a savepoint, move it,
+and crash version is tests/integration/test_crash_restore.py): stop with a savepoint, move it,
 start from it at another parallelism, resume from the job's own checkpoints (not the
 savepoint again), rescale again from a checkpoint; the output equals the run that
 never stopped."""
