@@ -42,6 +42,7 @@ class Pipeline:
     sink_: Sink | None = None
 
     def source(self, source: Source) -> "Pipeline":
+        """The input: a GeneratorSource, FileSource or KafkaSource (or any `Source`)."""
         self.source_ = source
         return self
 
@@ -62,6 +63,8 @@ class Pipeline:
         return self
 
     def stateful(self, operator: StatefulOperator) -> "Pipeline":
+        """The keyed stateful step: KeyedAggregate, TumblingWindow or a ProcessorOperator
+        running a StatefulProcessor. Its name is its state's identity in checkpoints."""
         if self.stateful_ is not None:
             raise ConfigError("a pipeline has at most one stateful step for now")
         self.stateful_ = operator
@@ -73,10 +76,12 @@ class Pipeline:
         return self
 
     def sink(self, sink: Sink) -> "Pipeline":
+        """The output: ParquetSink, DeltaSink or KafkaSink, each exactly-once."""
         self.sink_ = sink
         return self
 
     def validate(self) -> None:
+        """Raise one ConfigError if the pipeline cannot run (no source, no sink)."""
         if self.source_ is None:
             raise ConfigError("the pipeline has no source: call .source(...)")
         if self.sink_ is None:
