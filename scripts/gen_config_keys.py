@@ -97,6 +97,25 @@ DESCRIPTIONS = {  # keys whose field has no comment in config.py
     "parallelism.default": "subtasks of the stateful step",
     "pipeline.max-parallelism": "key groups; cannot change across a restore",
     "restart-strategy.type": "what happens after a failure (Flink's strategies)",
+    "restart-strategy.fixed-delay.attempts": "fixed-delay: restarts before the job fails",
+    "restart-strategy.fixed-delay.delay": "fixed-delay: wait before each restart",
+    "restart-strategy.exponential-delay.initial-backoff": "exponential-delay: wait before the first restart",
+    "restart-strategy.exponential-delay.max-backoff": "exponential-delay: the longest wait between restarts",
+    "restart-strategy.exponential-delay.backoff-multiplier": "exponential-delay: each wait is the previous one times this",
+    "restart-strategy.exponential-delay.reset-backoff-threshold": ("exponential-delay: a job that ran this long "
+                                                                   "without failing starts again at the initial backoff"),
+    "restart-strategy.exponential-delay.jitter-factor": ("exponential-delay: each wait varies randomly by up to "
+                                                         "this share, so many jobs do not restart in step"),
+    "restart-strategy.exponential-delay.attempts-before-reset-backoff": ("exponential-delay: restarts before the job "
+                                                                         "fails, counted since the last reset"),
+    "restart-strategy.failure-rate.max-failures-per-interval": "failure-rate: failures within the interval before the job fails",
+    "restart-strategy.failure-rate.failure-rate-interval": "failure-rate: the window failures are counted in",
+    "restart-strategy.failure-rate.delay": "failure-rate: wait before each restart",
+    "state.changelog.max-changelogs": "change logs a rebuild replays at most before a snapshot is forced",
+    "execution.state-recovery.claim-mode": ("`NO_CLAIM` (the only mode): the job never deletes or references the "
+                                            "savepoint's files, it copies what it needs"),
+    "rest.port": "the REST API's port (Flink's); `0` any free port; a taken port falls back to a free one",
+    "rest.bind-address": "the REST API's address: loopback unless set; any other needs `rest.token`",
     "state.local.dir": ("each executor's local state (RocksDB working copies): a cache. A job's stores are under "
                         "`<state.local.dir>/<job name>-<8 hex digits>/`, the digits a hash of the job's checkpoint "
                         "location, so runs of one job name with different checkpoint directories never share them"),

@@ -17,7 +17,7 @@ def test_config_keys_page_is_up_to_date() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_every_config_key_is_on_the_page_with_a_unit() -> None:
+def test_every_config_key_is_on_the_page_with_a_unit_and_a_description() -> None:
     from sparkpoint.config import Settings
 
     page = (REPO / "docs" / "config-keys.md").read_text()
@@ -25,6 +25,7 @@ def test_every_config_key_is_on_the_page_with_a_unit() -> None:
         row = next((line for line in page.splitlines() if line.startswith(f"| `{key}` |")), None)
         assert row is not None, key
         assert row.split("|")[3].strip(), f"{key} has no unit or type"
+        assert row.split("|")[4].strip(), f"{key} is not described: a comment above its field in config.py"
     assert "| `execution.checkpointing.timeout` | `1 min` | duration (bare number: ms) |" in page
 
 
