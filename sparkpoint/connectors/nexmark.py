@@ -106,6 +106,9 @@ class NexmarkConfig:
         for name in ("hot_auction_ratio", "hot_sellers_ratio", "hot_bidders_ratio"):
             if getattr(self, name) < 1:
                 raise ValueError(f"nexmark {name} must be at least 1, got {getattr(self, name)}")
+        for name in ("avg_person_bytes", "avg_auction_bytes", "avg_bid_bytes"):
+            if not 0 <= getattr(self, name) <= _POOL // 4:
+                raise ValueError(f"nexmark {name} must be between 0 and {_POOL // 4}, got {getattr(self, name)}")
 
     @property
     def total_proportion(self) -> int:

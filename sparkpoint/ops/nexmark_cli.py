@@ -24,7 +24,7 @@ def nexmark() -> None:
 @click.option("--files-per-stream", type=click.IntRange(min=1), default=1, show_default=True,
               help="Parquet files per stream; file k holds the k-th range of events")
 def generate(events: int, out_dir: str, seed: int, rate: float, files_per_stream: int) -> None:
-    """Write EVENTS Nexmark events to OUT/person/, OUT/auction/ and OUT/bid/ as Parquet."""
+    """Write Nexmark events as Parquet to the person/, auction/ and bid/ directories under --out."""
     from sparkpoint.connectors.nexmark import NexmarkConfig, write_parquet
 
     started = time.perf_counter()

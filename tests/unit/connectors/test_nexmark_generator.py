@@ -95,6 +95,15 @@ def test_the_same_seed_and_range_give_the_same_rows_however_it_is_chunked():
         assert pa.concat_tables([c.stream(kind) for c in chunked]).equals(whole.stream(kind)), kind
 
 
+def test_a_range_longer_than_one_internal_slice_is_the_same_as_its_chunks(monkeypatch):
+    import sparkpoint.connectors.nexmark as nexmark
+
+    whole = NexmarkGenerator().events(0, 2_500)
+    monkeypatch.setattr(nexmark, "_SLICE", 300)
+    for kind in ("person", "auction", "bid"):
+        assert NexmarkGenerator().events(0, 2_500).stream(kind).equals(whole.stream(kind)), kind
+
+
 def test_an_unbounded_stream_continues_where_the_bounded_range_ends():
     generator = NexmarkGenerator()
     first_three = list(itertools.islice(generator.chunks(chunk_events=700), 3))
@@ -199,6 +208,8 @@ def test_bid_channels_keep_one_url_each_and_rows_average_nexmark_sizes(events46k
 def test_a_bad_config_is_refused_with_one_line():
     with pytest.raises(ValueError, match="rate must be positive"):
         NexmarkConfig(rate=0)
+    with pytest.raises(ValueError, match="avg_bid_bytes must be between 0 and"):
+        NexmarkConfig(avg_bid_bytes=10**9)
     with pytest.raises(ValueError, match="first event >= 0"):
         NexmarkGenerator().events(-1, 10)
 
