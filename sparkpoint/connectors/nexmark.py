@@ -24,12 +24,14 @@ What differs from nexmark-flink is listed in docs/nexmark.md.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 FIRST_PERSON_ID = 1000
 FIRST_AUCTION_ID = 1000
@@ -462,10 +464,6 @@ def write_parquet(directory: str, events: int, config: NexmarkConfig | None = No
     `directory/bid/` as Parquet, `files_per_stream` files each (part-00000.parquet, ...):
     file k holds the k-th contiguous range of event numbers, so reading the files in name
     order reads each stream in event-time order. Returns the row count per stream."""
-    import os
-
-    import pyarrow.parquet as pq
-
     if events < 0:
         raise ValueError(f"the number of nexmark events must be >= 0, got {events}")
     if files_per_stream < 1:
