@@ -6,6 +6,7 @@
     sparkpoint doctor DIR [--job NAME] [--json]
     sparkpoint config-keys
     sparkpoint chaos PIPELINE.py [--faults kill9,outage,corrupt,second] [--seed N]   (chaos.py)
+    sparkpoint nexmark generate --events N --out DIR [--seed S] [--rate R]   (nexmark_cli.py)
     sparkpoint status|checkpoint|savepoint|stop --checkpoint-dir DIR --job NAME   (control_cli.py)
 """
 
@@ -209,6 +210,10 @@ _register_control(cli)
 from sparkpoint.ops.chaos import register as _register_chaos  # noqa: E402
 
 _register_chaos(cli)
+
+from sparkpoint.ops.nexmark_cli import register as _register_nexmark  # noqa: E402
+
+_register_nexmark(cli)
 
 
 def main() -> None:
