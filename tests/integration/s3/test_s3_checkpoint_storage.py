@@ -13,68 +13,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[2] / "unit" / "storage"))
 from storage_support import ManualClock, complete_checkpoint, put  # noqa: E402
 
-from sparkpoint.errors import CheckpointIdCollision, LeaseHeldError, LeaseLostError, MetadataExistsError  # noqa: E402
+from sparkpoint.errors import LeaseHeldError, LeaseLostError  # noqa: E402
 from sparkpoint.storage.checkpoint_storage import (  # noqa: E402
-    FsCheckpointLocation,
     FsCheckpointStorage,
     open_job_storage,
 )
 from sparkpoint.storage.gc import collect_garbage  # noqa: E402
 from sparkpoint.storage.ids import DurableCheckpointIDCounter  # noqa: E402
-from sparkpoint.storage.inspect import verify_checkpoints  # noqa: E402
 from sparkpoint.storage.lease import JobLease  # noqa: E402
 
 pytestmark = pytest.mark.s3
-
-
-def test_conditional_put_refuses_an_existing_key(s3_job) -> None:
-    fs, layout = s3_job()
-    path = layout.metadata(1)
-    fs.create_exclusive(path, b"first")
-    with pytest.raises(FileExistsError):
-        fs.create_exclusive(path, b"second")
-    assert fs.read_bytes(path) == b"first"
-
-
-def test_racing_writers_exactly_one_wins(s3_job) -> None:
-    clients = [s3_job()[0] for _ in range(6)]
-    layout = s3_job()[1]
-    for checkpoint_id in range(1, 4):
-        barrier, outcomes = threading.Barrier(len(clients)), []
-
-        def write(i: int) -> None:
-            barrier.wait()
-            try:
-                clients[i].create_exclusive(layout.metadata(checkpoint_id), f"writer-{i}".encode())
-                outcomes.append(i)
-            except FileExistsError:
-                outcomes.append(-1)
-
-        threads = [threading.Thread(target=write, args=(i,)) for i in range(len(clients))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        winners = [o for o in outcomes if o >= 0]
-        assert len(winners) == 1 and outcomes.count(-1) == len(clients) - 1
-        assert clients[0].read_bytes(layout.metadata(checkpoint_id)) == f"writer-{winners[0]}".encode()
-
-
-def test_checkpoint_life_cycle(s3_job) -> None:
-    fs, layout = s3_job()
-    storage = FsCheckpointStorage(fs, layout)
-    first = complete_checkpoint(storage, 1, {"shared/a.sst": b"a", "chk-{id}/MANIFEST": b"m"})
-    second = complete_checkpoint(storage, 2, {"shared/b.sst": b"b"})
-    with pytest.raises(CheckpointIdCollision):
-        storage.initialize_location(2)
-    with pytest.raises(MetadataExistsError):
-        storage.commit_metadata(FsCheckpointLocation(2, layout.checkpoint(2)), second)
-    assert storage.load_completed() == [first, second]
-
-    storage.discard_completed(1, still_referenced=list(second.handles.values()))
-    assert storage.load_completed() == [second]
-    assert not fs.exists(layout.join("shared/a.sst")) and fs.exists(layout.join("shared/b.sst"))
-    assert verify_checkpoints(fs, layout, [2])[0].ok
 
 
 def test_ids_continue_past_existing_checkpoints(s3_job) -> None:

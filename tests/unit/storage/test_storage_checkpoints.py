@@ -1,5 +1,6 @@
-"""FsCheckpointStorage: ids claimed exclusively, metadata committed exclusively,
-retention never deletes what a retained checkpoint still needs, jobs isolated."""
+"""FsCheckpointStorage on local disk: corrupt metadata skipped, retention never deletes
+outside the job, jobs isolated. What every storage backend must do (stage, commit,
+re-commit, discard) is in tests/contracts/test_checkpoint_storage_contract.py."""
 
 from __future__ import annotations
 
@@ -9,40 +10,11 @@ from pathlib import Path
 import pytest
 from storage_support import ManualClock, complete_checkpoint, local_job
 
-from sparkpoint.checkpoint.interfaces import SupportsHighestCheckpointId
-from sparkpoint.errors import CheckpointIdCollision, ConfigError, MetadataExistsError
+from sparkpoint.errors import ConfigError
 from sparkpoint.storage.checkpoint_storage import FsCheckpointStorage, open_job_storage
 
 SST_A, SST_B, SST_C = "shared/state/counts/0/a-000001.sst", "shared/state/counts/0/b-000002.sst", \
     "shared/state/counts/0/c-000003.sst"
-
-
-def test_completed_checkpoints_load_oldest_first(storage: FsCheckpointStorage) -> None:
-    first = complete_checkpoint(storage, 1, {SST_A: b"a", "chk-{id}/state/MANIFEST": b"m1"})
-    second = complete_checkpoint(storage, 2, {SST_B: b"b", "chk-{id}/state/MANIFEST": b"m2"})
-    assert storage.load_completed() == [first, second]
-
-
-def test_directory_without_metadata_is_never_loaded(storage: FsCheckpointStorage) -> None:
-    assert isinstance(storage, SupportsHighestCheckpointId) and storage.highest_checkpoint_id() is None
-    complete_checkpoint(storage, 1, {SST_A: b"a"})
-    storage.initialize_location(2)  # crashed before _metadata
-    assert [c.checkpoint_id for c in storage.load_completed()] == [1]
-    assert storage.highest_checkpoint_id() == 2
-
-
-def test_existing_directory_is_an_id_collision(storage: FsCheckpointStorage) -> None:
-    storage.initialize_location(3)
-    with pytest.raises(CheckpointIdCollision, match="chk-3 already exists"):
-        storage.initialize_location(3)
-
-
-def test_second_metadata_commit_is_refused_and_first_is_kept(storage: FsCheckpointStorage) -> None:
-    original = complete_checkpoint(storage, 5, {SST_A: b"a"})
-    location = type("Loc", (), {"checkpoint_id": 5, "path": storage.layout.checkpoint(5)})()
-    with pytest.raises(MetadataExistsError, match="chk-5/_metadata already exists"):
-        storage.commit_metadata(location, original)
-    assert storage.load_completed() == [original]
 
 
 def test_corrupt_and_foreign_metadata_are_skipped_with_a_log_line(
@@ -58,19 +30,6 @@ def test_corrupt_and_foreign_metadata_are_skipped_with_a_log_line(
     assert "skipping chk-2" in caplog.text and "skipping chk-3" in caplog.text
 
 
-def test_discard_completed_keeps_shared_files_still_referenced(storage: FsCheckpointStorage) -> None:
-    fs, layout = storage.fs, storage.layout
-    complete_checkpoint(storage, 1, {SST_A: b"a", SST_B: b"b", "chk-{id}/state/MANIFEST": b"m"})
-    second = complete_checkpoint(storage, 2, {SST_B: b"b", SST_C: b"c"})
-
-    storage.discard_completed(1, still_referenced=list(second.handles.values()))
-
-    assert not fs.exists(layout.checkpoint(1))
-    assert not fs.exists(layout.join(SST_A))  # only checkpoint 1 used it
-    assert fs.exists(layout.join(SST_B)) and fs.exists(layout.join(SST_C))
-    assert storage.load_completed() == [second]
-
-
 def test_discard_completed_never_touches_paths_outside_shared(storage: FsCheckpointStorage,
                                                               tmp_path: Path) -> None:
     other = FsCheckpointStorage(*local_job(tmp_path, "other-job"))
@@ -83,14 +42,6 @@ def test_discard_completed_never_touches_paths_outside_shared(storage: FsCheckpo
                             type(data)(data.job_name, 1, 0, 0, {"state:x": hostile}))
     storage.discard_completed(1, still_referenced=[])
     assert other.fs.read_bytes(other.layout.join(SST_A)) == b"other"
-
-
-def test_discard_location_is_idempotent(storage: FsCheckpointStorage) -> None:
-    location = storage.initialize_location(4)
-    storage.fs.write_atomic(location.path + "/state/partial.sst", b"x")
-    storage.discard_location(4)
-    storage.discard_location(4)
-    assert not storage.fs.exists(location.path)
 
 
 def test_jobs_under_one_root_never_touch_each_others_files(tmp_path: Path) -> None:

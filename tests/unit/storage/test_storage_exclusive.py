@@ -1,10 +1,10 @@
-"""Exclusive create on local disk: of many racing writers exactly one wins, and a
-reader never sees a partial file (the seed 002/003 `_metadata already exists` races)."""
+"""Exclusive create: racing processes on local disk, and the S3 error answers. Racing
+threads and a second writer on every backend are in
+tests/contracts/test_checkpoint_storage_contract.py."""
 
 from __future__ import annotations
 
 import multiprocessing
-import threading
 from pathlib import Path
 
 import fsspec
@@ -13,38 +13,6 @@ import pytest
 from sparkpoint.errors import StorageError
 from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.objectstore import create_exclusive_object
-
-
-def _race(fs: StorageFS, path: str, writers: int) -> list[str]:
-    barrier = threading.Barrier(writers)
-    outcomes: list[str] = []
-
-    def write(i: int) -> None:
-        barrier.wait()
-        try:
-            fs.create_exclusive(path, f"writer-{i}".encode() * 1000)
-            outcomes.append(f"won:{i}")
-        except FileExistsError:
-            outcomes.append("lost")
-
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return outcomes
-
-
-def test_threads_racing_on_local_disk_exactly_one_wins(tmp_path: Path) -> None:
-    fs = StorageFS.from_url(str(tmp_path))
-    for attempt in range(5):
-        path = f"{fs.root}/job/chk-{attempt}/_metadata"
-        outcomes = _race(fs, path, writers=8)
-        winners = [o for o in outcomes if o.startswith("won")]
-        assert len(winners) == 1 and outcomes.count("lost") == 7
-        assert fs.read_bytes(path) == f"writer-{winners[0][4:]}".encode() * 1000
-    # no temp files are left behind by winners or losers
-    assert [f.path for f in fs.find(fs.root) if ".tmp-" in f.path] == []
 
 
 def _create_in_process(root: str, path: str, i: int, start: "multiprocessing.synchronize.Barrier",
@@ -72,21 +40,6 @@ def test_processes_racing_on_local_disk_exactly_one_wins(tmp_path: Path) -> None
     winners = [o for o in outcomes if o.startswith("won")]
     assert len(winners) == 1 and outcomes.count("lost") == 2
     assert Path(path).read_bytes() == f"process-{winners[0][4:]}".encode()
-
-
-def test_existing_file_is_never_overwritten(tmp_path: Path) -> None:
-    fs = StorageFS.from_url(str(tmp_path))
-    path = f"{fs.root}/job/chk-5/_metadata"
-    fs.create_exclusive(path, b"first")
-    with pytest.raises(FileExistsError):
-        fs.create_exclusive(path, b"second")
-    assert fs.read_bytes(path) == b"first"
-
-
-def test_memory_filesystem_is_exclusive_within_the_process() -> None:
-    fs = StorageFS(fsspec.filesystem("memory"), "/excl-test")
-    outcomes = _race(fs, "/excl-test/job/_metadata", writers=8)
-    assert sorted(outcomes)[:7] == ["lost"] * 7 and len(outcomes) == 8
 
 
 def test_store_without_conditional_writes_is_refused_clearly() -> None:

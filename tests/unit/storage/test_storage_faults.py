@@ -10,7 +10,6 @@ from sparkpoint.errors import ConfigError, CorruptCheckpointError, StorageError
 from sparkpoint.faults import FaultAction, FaultKind, FaultOp, FaultyStorageFS, parse_fault_rules
 from sparkpoint.storage import metadata
 from sparkpoint.storage.checkpoint_storage import FsCheckpointStorage
-from sparkpoint.storage.inspect import verify_checkpoints
 from sparkpoint.storage.layout import checkpoint_id_in_path
 
 
@@ -35,15 +34,6 @@ def test_upload_rule_fails_only_matching_checkpoints(storage: FsCheckpointStorag
                                                                             (FaultOp.UPLOAD, 4)]
 
 
-def test_times_limits_firings(storage: FsCheckpointStorage) -> None:
-    faulty = faulty_storage(storage, [{"op": "create_exclusive", "path": "*/_metadata", "action": "fail",
-                                       "times": 1}])
-    with pytest.raises(StorageError, match="injected fault"):
-        complete_checkpoint(faulty, 1, {"shared/a": b"a"})
-    complete_checkpoint(faulty, 2, {"shared/b": b"b"})
-    assert [c.checkpoint_id for c in faulty.load_completed()] == [2]
-
-
 def test_truncated_metadata_write_is_caught_by_the_reader(storage: FsCheckpointStorage) -> None:
     faulty = faulty_storage(storage, [{"op": "create_exclusive", "path": "re:/_metadata$",
                                        "action": "truncate"}])
@@ -51,13 +41,6 @@ def test_truncated_metadata_write_is_caught_by_the_reader(storage: FsCheckpointS
     with pytest.raises(CorruptCheckpointError):
         metadata.decode(storage.fs.read_bytes(storage.layout.metadata(1)))
     assert storage.load_completed() == []
-
-
-def test_truncated_upload_is_caught_by_verify(storage: FsCheckpointStorage) -> None:
-    faulty = faulty_storage(storage, [{"op": "write", "path": "job/shared/*", "action": "truncate"}])
-    complete_checkpoint(faulty, 1, {"shared/a.sst": b"abcdef"})
-    [result] = verify_checkpoints(storage.fs, storage.layout)
-    assert result.problems == ["state:counts/0: shared/a.sst has 3 bytes, the checkpoint recorded 6"]
 
 
 def test_slow_rule_delays_then_succeeds(storage: FsCheckpointStorage) -> None:
