@@ -1,7 +1,9 @@
 """The Parquet sink's commit protocol step by step, without Spark: executors are played by
 calling a pickled copy of the sink's writer, a crash by not calling the next step and
 starting a fresh sink on the same directory. Runs on local disk and on fsspec's
-in-memory filesystem (the object-store code path: copy, no rename, no fsync)."""
+in-memory filesystem (the object-store code path: copy, no rename, no fsync). What every
+sink must do (abort, re-commit, recover, restore) is in tests/contracts/test_sink_contract.py;
+this file checks what is Parquet's own: handles, log batches, compaction, staging clean-up."""
 
 from __future__ import annotations
 
@@ -105,19 +107,6 @@ def test_staged_output_is_invisible_until_commit_and_commit_is_idempotent(out):
     assert staged(out) == []
 
 
-def test_epochs_of_a_failed_checkpoint_ride_with_the_next(out):
-    sink = new_sink(out)
-    sink.recover(None)
-    run_epoch(sink, 0, (1,))
-    failed = sink.pre_commit(1)
-    sink.abort(failed)
-    run_epoch(sink, 1, (2,))
-    nxt = sink.pre_commit(2)
-    assert [f["epoch"] for f in nxt["staged"]] == [0, 1]
-    sink.commit(nxt)
-    assert committed(out) == listed(out) == [1, 2]
-
-
 def test_a_later_checkpoint_committed_first_subsumes_the_earlier_one(out):
     sink = new_sink(out)
     sink.recover(None)
@@ -156,18 +145,6 @@ def test_crash_before_the_barrier_leaves_nothing_visible(out):
     assert committed(out) == listed(out) == [1]
     assert staged(out) == []
     assert fresh.pre_commit(2)["staged"] == [] and fresh.pre_commit(2)["last_epoch"] == 0
-
-
-def test_crash_after_pre_commit_before_metadata_restores_the_previous_checkpoint(out):
-    sink = new_sink(out)
-    sink.recover(None)
-    run_epoch(sink, 0, (1,))
-    cp1 = sink.pre_commit(1)
-    sink.commit(cp1)
-    run_epoch(sink, 1, (2,))
-    sink.pre_commit(2)  # `_metadata` of 2 never written: the restore takes 1
-    new_sink(out).recover(cp1)
-    assert committed(out) == listed(out) == [1]
 
 
 def test_crash_after_metadata_before_commit_is_committed_by_recover(out):
