@@ -61,11 +61,12 @@ demo: check-java $(VENV)/.installed-demo
 test: bootstrap kafka-jars chromium
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
-# The tier that starts no job or server process of its own: unit tests and the
-# in-process integration tests on one shared Spark session (the Kafka tests need a
-# broker JVM and stay in `make test`).
+# The tier that starts no job or server process of its own: unit tests, the contract
+# suites and the in-process integration tests on one shared Spark session (the Kafka
+# tests need a broker JVM and stay in `make test`).
 test-fast: bootstrap
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/integration --ignore=tests/integration/kafka
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/contracts tests/integration \
+		--ignore=tests/integration/kafka -m "not kafka"
 
 # `sparkpoint chaos --storm` over 20 seeds (SEEDS=N to change) on a Delta sink with checkpoints
 # on an S3 API and on Kafka source and sink: every fault kind once per seed. The reports (runs,
