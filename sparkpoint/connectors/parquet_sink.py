@@ -23,9 +23,10 @@ Commit protocol (each step idempotent; what a crash at each step leaves):
      the next checkpoint captures) and `last_epoch`. Crash: as 1.
   4. `_metadata` of cid is written by the coordinator. Crash after it: `recover(handle)`
      runs step 5 for cid.
-  5. `commit(handle)`: for every file the log does not list yet, publish it (verify the
-     staged size; rename on local, copy on object stores), then create the next log batch
-     naming them, exclusively. Crash before the batch: the published files are listed by
+  5. `commit(handle)`: verify every file the log does not list yet (the staged size),
+     then publish them (rename on local, copy on object stores; none if any is damaged,
+     so a refused checkpoint leaves nothing a directory reader sees), then create the
+     next log batch naming them, exclusively. Crash before the batch: the published files are listed by
      nobody; a re-run finds them published and writes the batch. A file both staged and
      published nowhere fails with CorruptCheckpointError naming it.
   6. `recover(handle)`: re-runs 5 for the restored checkpoint (checking sha256 too on
@@ -224,8 +225,11 @@ class ParquetSink(Sink):
         state = self._current_state()
         listed = self._listed(state)
         new = [f for f in files if _published(f["path"]) not in listed]
-        for f in new:
-            self._publish_file(f, checkpoint, verify_sha256)
+        # Every file is checked before any is moved: a checkpoint refused as corrupt must
+        # leave nothing in the output a directory reader would see.
+        to_move = [f for f in new if self._check_file(f, checkpoint, verify_sha256)]
+        for f in to_move:
+            self._move_file(f)
         if new and self._storage.is_local:
             fsync_dir(self.root)
         entries = [entry(self._log.uri(_published(f["path"])), f["size"]) for f in new]
@@ -250,12 +254,14 @@ class ParquetSink(Sink):
             raise CorruptCheckpointError(f"sink {self.name}: could not add a batch to {self._log.dir}: "
                                          f"its batch ids keep being taken by another writer")
 
-    def _publish_file(self, f: dict[str, Any], checkpoint: Any, verify_sha256: bool) -> None:
+    def _check_file(self, f: dict[str, Any], checkpoint: Any, verify_sha256: bool) -> bool:
+        """True if `f` is staged intact and still to be published, False if it was published
+        before; raises CorruptCheckpointError (naming it) if it is neither."""
         src, dst = self._abs(f["path"]), self._abs(_published(f["path"]))
         fs = self._storage
         published = fs.exists(dst)
         if published and self._verifies(dst, f, verify_sha256):
-            return  # published before (a retried commit, or recovery re-running it)
+            return False  # published before (a retried commit, or recovery re-running it)
         if not fs.exists(src):
             state = "its published copy " + dst + " does not match its handle" if published else \
                 "it was never published to " + dst
@@ -267,6 +273,11 @@ class ParquetSink(Sink):
             raise CorruptCheckpointError(
                 f"sink {self.name}: staged output file {src} of checkpoint {checkpoint} does not match its "
                 f"handle (expected {f['size']} bytes, sha256 {f['sha256']}); it is not published")
+        return True
+
+    def _move_file(self, f: dict[str, Any]) -> None:
+        src, dst = self._abs(f["path"]), self._abs(_published(f["path"]))
+        fs = self._storage
         if fs.is_local:
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             os.replace(src, dst)

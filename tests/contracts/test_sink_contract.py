@@ -28,6 +28,8 @@ Behaviours:
   withdraws what was committed after it and the replay is published once; a sink that
   cannot (Kafka) keeps it and says which epochs it already published, so the replay
   does not hand them to it again
+- a restored checkpoint whose staged output is missing or damaged fails with
+  CorruptCheckpointError naming the file and publishes nothing; starting afresh works
 - a task attempt that staged rows and then died (a wrapper around the shipped writer,
   the fault at the executor seam) is never published; only the winning attempt is
 """
@@ -46,6 +48,8 @@ import pytest
 from pyspark import cloudpickle  # what Spark ships a writer with
 
 from sparkpoint.connectors.base import EpochWriter, Sink
+from sparkpoint.errors import CorruptCheckpointError
+from sparkpoint.storage.fs import StorageFS
 from tests.servers.names import unique_name
 
 
@@ -56,6 +60,11 @@ class SinkKind:
     name: str
     open_sink: Callable[[], Sink]
     read: Callable[[], list[str]]
+    # The staged files a pre_commit handle names, on the storage that holds them.
+    staged_files: Callable[[dict[str, Any]], tuple[StorageFS, list[str]]]
+    # False where the sink checks only the size of staged output it restores (an object
+    # store's PUT is atomic, so a torn file cannot be there; the hash guards local disk).
+    verifies_content: bool = True
     opened: list[Sink] = field(default_factory=list)
 
     def new(self) -> Sink:
@@ -109,10 +118,14 @@ def _parquet(url: str, options: dict[str, Any], local: bool) -> SinkKind:
             assert (sorted(listed.to_table().column("value").to_pylist()) if listed.files else []) == got
         return got
 
-    return SinkKind("parquet", open_sink, read)
+    def staged_files(handle: dict[str, Any]) -> tuple[StorageFS, list[str]]:
+        storage = ParquetSink(url, storage_options=options)._storage
+        return storage, [f"{storage.root}/{f['path']}" for f in handle["staged"]]
+
+    return SinkKind("parquet", open_sink, read, staged_files, verifies_content=local)
 
 
-def _delta(url: str, options: dict[str, Any]) -> SinkKind:
+def _delta(url: str, options: dict[str, Any], local: bool) -> SinkKind:
     from sparkpoint.connectors.delta_sink import DeltaSink, read_committed
 
     def open_sink() -> Sink:
@@ -124,7 +137,11 @@ def _delta(url: str, options: dict[str, Any]) -> SinkKind:
         table = read_committed(url, options)
         return sorted(table.column("value").to_pylist()) if table.num_rows else []
 
-    return SinkKind("delta", open_sink, read)
+    def staged_files(handle: dict[str, Any]) -> tuple[StorageFS, list[str]]:
+        storage = DeltaSink(url, storage_options=options)._storage
+        return storage, [f"{storage.root}/{f['path']}" for f in handle["files"]]
+
+    return SinkKind("delta", open_sink, read, staged_files, verifies_content=local)
 
 
 def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> SinkKind:
@@ -148,7 +165,11 @@ def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> SinkKind:
     def read() -> list[str]:
         return sorted(value.decode() for _, _, _, value in client.read_committed(topic))
 
-    return SinkKind("kafka", open_sink, read)
+    def staged_files(handle: dict[str, Any]) -> tuple[StorageFS, list[str]]:
+        storage = StorageFS.from_url(handle["staging"])
+        return storage, [f"{storage.root}/{f['name']}" for seg in handle["segments"] for f in seg["staged"]]
+
+    return SinkKind("kafka", open_sink, read, staged_files)
 
 
 def _s3_url_and_options(request: pytest.FixtureRequest, name: str) -> tuple[str, dict[str, Any]]:
@@ -173,9 +194,9 @@ def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SinkKind]:
     elif request.param == "parquet-s3":
         made = _parquet(*_s3_url_and_options(request, "output"), local=False)
     elif request.param == "delta-local":
-        made = _delta(str(tmp_path / "table dir"), {})
+        made = _delta(str(tmp_path / "table dir"), {}, local=True)
     elif request.param == "delta-s3":
-        made = _delta(*_s3_url_and_options(request, "table"))
+        made = _delta(*_s3_url_and_options(request, "table"), local=False)
     else:
         made = _kafka(request, tmp_path)
     yield made
@@ -303,6 +324,36 @@ class TestSinkContract:
         stage(restarted, 3, ("d",))
         restarted.commit(barrier(restarted, 3))
         assert kind.read() == ["a", "b", "c", "d"]
+
+    @pytest.mark.parametrize("damage", ["missing", "truncated", "same size, other bytes"])
+    def test_a_restored_checkpoint_with_damaged_staged_output_fails_naming_it_and_publishes_nothing(
+            self, kind: SinkKind, damage: str) -> None:
+        sink = kind.started()
+        stage(sink, 0, ("a",))
+        stage(sink, 1, ("b",))
+        handle = barrier(sink, 1)           # `_metadata` written, then the process dies
+        storage, paths = kind.staged_files(handle)
+        assert len(paths) == 2
+        victim = paths[-1]
+        data = storage.read_bytes(victim)
+        if damage == "missing":
+            storage.rm(victim)
+        elif damage == "truncated":
+            storage.write_atomic(victim, data[:-7])
+        elif kind.verifies_content:
+            middle = len(data) // 2
+            storage.write_atomic(victim, data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+        else:
+            pytest.skip(f"{kind.name} here checks the size of restored staged output only")
+        with pytest.raises(CorruptCheckpointError, match=victim.rsplit("/", 1)[-1]):
+            kind.new().recover(handle)
+        assert kind.read() == []
+
+        fallback = kind.started()           # the runtime falls back to starting afresh
+        stage(fallback, 0, ("a",))
+        stage(fallback, 1, ("b",))
+        fallback.commit(barrier(fallback, 1))
+        assert kind.read() == ["a", "b"]
 
     def test_a_task_attempt_that_died_after_staging_is_never_published(self, kind: SinkKind) -> None:
         sink = kind.started()

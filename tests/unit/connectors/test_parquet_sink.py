@@ -168,7 +168,7 @@ def test_crash_inside_commit_is_finished_by_recover(out, monkeypatch, published)
     run_epoch(sink, 0, (1,), (2,))
     cp1 = sink.pre_commit(1)
     calls = {"n": 0}
-    real_publish, real_append = ParquetSink._publish_file, SparkFileLog.append
+    real_publish, real_append = ParquetSink._move_file, SparkFileLog.append
 
     def publish(self, *a):
         if calls["n"] == published:
@@ -179,12 +179,12 @@ def test_crash_inside_commit_is_finished_by_recover(out, monkeypatch, published)
     def append(self, *a):
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(ParquetSink, "_publish_file", publish)
+    monkeypatch.setattr(ParquetSink, "_move_file", publish)
     monkeypatch.setattr(SparkFileLog, "append", append)
     with pytest.raises(RuntimeError):
         sink.commit(cp1)
     assert committed(out) == []
-    monkeypatch.setattr(ParquetSink, "_publish_file", real_publish)
+    monkeypatch.setattr(ParquetSink, "_move_file", real_publish)
     monkeypatch.setattr(SparkFileLog, "append", real_append)
     new_sink(out).recover(cp1)
     assert committed(out) == listed(out) == [1, 2]
