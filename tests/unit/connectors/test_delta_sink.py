@@ -208,28 +208,6 @@ def test_recover_on_an_empty_directory_creates_nothing(out):
     assert not DeltaTable.is_deltatable(out) and data_files(out) == []
 
 
-def test_a_missing_data_file_of_the_restored_checkpoint_is_named(out):
-    sink = new_sink(out)
-    [h] = run_epoch(sink, 0, (1, 2))
-    handle = roundtrip(sink.pre_commit(1))
-    os.unlink(os.path.join(out, h["path"]))
-    with pytest.raises(CorruptCheckpointError, match=h["path"].split("/")[-1]):
-        new_sink(out).recover(handle)
-    assert committed(out) == []
-
-
-def test_a_damaged_data_file_of_the_restored_checkpoint_is_not_committed(out):
-    sink = new_sink(out)
-    [h] = run_epoch(sink, 0, (1, 2))
-    handle = roundtrip(sink.pre_commit(1))
-    path = os.path.join(out, h["path"])
-    data = bytearray(open(path, "rb").read())
-    data[len(data) // 2] ^= 0xFF  # same size: only the sha256 tells
-    open(path, "wb").write(bytes(data))
-    with pytest.raises(CorruptCheckpointError, match="does not match its handle"):
-        new_sink(out).recover(handle)
-
-
 @pytest.mark.parametrize("bad", [
     {"v": 1, "checkpoint": 3, "last_epoch": 0, "files": [{"path": "../../etc/passwd"}]},
     {"v": 1, "checkpoint": 3, "last_epoch": 0,

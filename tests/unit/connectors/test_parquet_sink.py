@@ -291,42 +291,6 @@ def test_a_handle_of_another_format_is_refused(out):
         new_sink(out).recover({"epochs": [0], "last_epoch": 0, "path": "/x"})
 
 
-def test_a_missing_staged_file_of_the_restored_checkpoint_fails_naming_it(out):
-    sink = new_sink(out)
-    sink.recover(None)
-    [h] = run_epoch(sink, 0, (1,))
-    cp1 = sink.pre_commit(1)
-    sink._storage.rm(f"{sink.root}/{h['path']}")
-    with pytest.raises(CorruptCheckpointError, match=h["path"].rsplit("/", 1)[-1]):
-        new_sink(out).recover(cp1)
-    assert committed(out) == []
-
-
-def test_a_staged_file_of_the_wrong_size_is_not_published(out):
-    sink = new_sink(out)
-    sink.recover(None)
-    [h] = run_epoch(sink, 0, (1,))
-    cp1 = sink.pre_commit(1)
-    sink._storage.fs.pipe_file(f"{sink.root}/{h['path']}", b"PAR1 truncated")
-    with pytest.raises(CorruptCheckpointError, match="does not match its handle"):
-        new_sink(out).recover(cp1)
-    assert committed(out) == []
-
-
-def test_a_staged_file_with_the_right_size_but_other_bytes_fails_on_local_disk(tmp_path):
-    out = str(tmp_path / "out")
-    sink = new_sink(out)
-    sink.recover(None)
-    [h] = run_epoch(sink, 0, (1,))
-    cp1 = sink.pre_commit(1)
-    path = f"{sink.root}/{h['path']}"
-    data = bytearray(open(path, "rb").read())
-    data[len(data) // 2] ^= 0xFF
-    open(path, "wb").write(bytes(data))
-    with pytest.raises(CorruptCheckpointError, match="sha256"):
-        new_sink(out).recover(cp1)
-
-
 # -- paths and the log format -----------------------------------------------------------------
 def test_an_s3_url_is_never_a_local_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
