@@ -83,7 +83,12 @@ class StorageFS:
 
     @property
     def is_local(self) -> bool:
-        return "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        return "file" in self._protocols
+
+    @property
+    def _protocols(self) -> tuple[str, ...]:
+        protocol = self.fs.protocol
+        return tuple(protocol) if isinstance(protocol, (tuple, list)) else (protocol,)
 
     # -- reads -------------------------------------------------------------------
     def exists(self, path: str) -> bool:
@@ -149,8 +154,14 @@ class StorageFS:
     def put_file(self, local_path: str, path: str) -> None:
         """Upload durably and atomically: a file present at `path` is complete (so a
         content-addressed file found at the right size was written whole). Local/NFS:
-        temp file, fsync, rename, fsync of the directory; object stores: one PUT."""
+        temp file, fsync, rename, fsync of the directory; object stores: one PUT (or a
+        multipart upload, which appears only when completed); memory://: the whole bytes
+        in one step (its put_file publishes an empty file first and then fills it)."""
         def run() -> None:
+            if "memory" in self._protocols:
+                with open(local_path, "rb") as src:
+                    self.fs.pipe_file(path, src.read())
+                return
             if not self.is_local:
                 self.fs.put_file(local_path, path)
                 return

@@ -21,6 +21,11 @@ Behaviours (each asserts what a user of the checkpoints sees):
   commit stays the one that is loaded
 - discarding a subsumed checkpoint removes its files but keeps shared files a retained
   checkpoint still references; discarding an aborted location twice is harmless
+- checkpoint ids continue past every checkpoint directory after a restart, also when the
+  ids file is lost
+- the job lease: a second deployment is refused while the first holds it; once it
+  expired the second takes over with a higher token and the first can no longer commit;
+  of deployments starting at once exactly one gets it
 - faults sit at the seam as a wrapper (`FaultyStorageFS`): a failed `_metadata` write
   leaves the checkpoint not completed and the next one completes; a torn upload is found
   by verification
@@ -37,13 +42,21 @@ from typing import Callable, Iterator
 import pytest
 
 from sparkpoint.checkpoint.interfaces import SupportsHighestCheckpointId
-from sparkpoint.errors import CheckpointIdCollision, MetadataExistsError, StorageError
+from sparkpoint.errors import (
+    CheckpointIdCollision,
+    LeaseHeldError,
+    LeaseLostError,
+    MetadataExistsError,
+    StorageError,
+)
 from sparkpoint.faults import FaultyStorageFS
 from sparkpoint.storage.checkpoint_storage import FsCheckpointLocation, FsCheckpointStorage
 from sparkpoint.storage.fs import StorageFS
+from sparkpoint.storage.ids import DurableCheckpointIDCounter
 from sparkpoint.storage.inspect import verify_checkpoints
 from sparkpoint.storage.layout import JobLayout
-from tests.unit.storage.storage_support import complete_checkpoint
+from sparkpoint.storage.lease import JobLease, read_current_lease
+from tests.unit.storage.storage_support import ManualClock, complete_checkpoint
 
 SST_A, SST_B, SST_C = ("shared/state/counts/0/a-000001.sst", "shared/state/counts/0/b-000002.sst",
                        "shared/state/counts/0/c-000003.sst")
@@ -145,11 +158,12 @@ class TestCheckpointStorageContract:
         fs.rm(layout.join("chk-1"), recursive=True)  # deletes are retried
         assert not other.exists(layout.join("chk-1/a")) and other.find(layout.root) == []
 
-    def test_an_atomic_write_is_never_seen_torn(self, backend: Backend) -> None:
+    def test_an_atomic_write_or_upload_is_never_seen_torn(self, backend: Backend, tmp_path: Path) -> None:
         fs = backend.client()
         path = backend.layout(fs).join("ids")
         versions = [bytes([65 + v]) * 200_000 for v in range(3)]
         fs.write_atomic(path, versions[0])
+        local = tmp_path / "upload"
         reader, seen, done = backend.client(), [], threading.Event()
 
         def read() -> None:
@@ -160,7 +174,12 @@ class TestCheckpointStorageContract:
         thread.start()
         try:
             for i in range(30):
-                fs.write_atomic(path, versions[i % 3][: 200_000 - i])
+                data = versions[i % 3][: 200_000 - i]
+                if i % 2:
+                    local.write_bytes(data)
+                    fs.put_file(str(local), path)
+                else:
+                    fs.write_atomic(path, data)
         finally:
             done.set()
             thread.join()
@@ -246,6 +265,72 @@ class TestCheckpointStorageContract:
         assert other.exists(layout.join(SST_B)) and other.exists(layout.join(SST_C))
         assert backend.storage().load_completed() == [second]
         assert verify_checkpoints(fs, layout, [2])[0].ok
+
+    def test_checkpoint_ids_are_never_handed_out_twice_across_restarts(self, backend: Backend) -> None:
+        storage = backend.storage()
+        complete_checkpoint(storage, 4, {SST_A: b"a"})
+        storage.initialize_location(6)  # a crashed run's leftover, no `_metadata`
+        counter = DurableCheckpointIDCounter(storage.fs, storage.layout)
+        counter.start()
+        assert [counter.get_and_increment() for _ in range(2)] == [7, 8]
+        fs = backend.client()
+        fs.rm(backend.layout(fs).ids)  # the ids file is lost
+        restarted = DurableCheckpointIDCounter(fs, backend.layout(fs))
+        restarted.start()
+        assert restarted.get_and_increment() == 7  # past every directory: 7 and 8 were never used
+        again = DurableCheckpointIDCounter(fs, backend.layout(fs))
+        again.start()
+        assert again.get_and_increment() == 8
+
+    def test_the_lease_refuses_a_second_deployment_and_fences_out_an_expired_one(
+            self, backend: Backend) -> None:
+        clock = ManualClock()
+
+        def deployment(run: str, clock: ManualClock) -> tuple[JobLease, FsCheckpointStorage]:
+            fs = backend.client()
+            lease = JobLease(fs, backend.layout(fs), run_id=run, ttl_s=30, clock=clock)
+            return lease, FsCheckpointStorage(fs, backend.layout(fs), lease=lease, clock=clock)
+
+        # The old run's clock stands still: it believes its lease is fresh (a paused
+        # process), and only the fencing token can stop it.
+        old, old_storage = deployment("deploy-a", ManualClock(clock.now))
+        old.acquire()
+        clock.advance(10)
+        with pytest.raises(LeaseHeldError, match="run deploy-a"):
+            deployment("deploy-b", clock)[0].acquire()
+        clock.advance(31)
+        new, new_storage = deployment("deploy-b", clock)
+        assert new.acquire().token == 2
+        fs = backend.client()
+        assert read_current_lease(fs, backend.layout(fs)).run_id == "deploy-b"
+        with pytest.raises(LeaseLostError, match="fenced out"):
+            old.check()
+        with pytest.raises(LeaseLostError, match="fenced out"):
+            complete_checkpoint(old_storage, 1, {SST_A: b"old"})
+        taken_over = complete_checkpoint(new_storage, 2, {SST_B: b"new"})
+        assert backend.storage().load_completed() == [taken_over]
+
+    def test_of_deployments_starting_at_once_exactly_one_gets_the_lease(self, backend: Backend) -> None:
+        contenders = [JobLease(fs, backend.layout(fs), run_id=f"run-{i}", ttl_s=30)
+                      for i, fs in enumerate(backend.client() for _ in range(4))]
+        barrier, winners = threading.Barrier(len(contenders)), []
+
+        def acquire(lease: JobLease) -> None:
+            barrier.wait()
+            try:
+                lease.acquire()
+                winners.append(lease.run_id)
+            except LeaseHeldError:
+                pass
+
+        threads = [threading.Thread(target=acquire, args=(c,)) for c in contenders]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(winners) == 1, winners
+        fs = backend.client()
+        assert read_current_lease(fs, backend.layout(fs)).run_id == winners[0]
 
     # -- faults, injected at the seam --------------------------------------------------------
     def test_a_failed_metadata_write_leaves_the_checkpoint_not_completed(self, backend: Backend) -> None:
