@@ -29,14 +29,6 @@ def test_ids_continue_past_directories_with_and_without_metadata(storage: FsChec
     assert restarted(storage).get_and_increment() == 8
 
 
-def test_lost_ids_file_does_not_reuse_ids(storage: FsCheckpointStorage) -> None:
-    counter = restarted(storage)
-    for _ in range(4):
-        storage.initialize_location(counter.get_and_increment())
-    storage.fs.rm(storage.layout.ids)
-    assert restarted(storage).get_and_increment() == 5
-
-
 def test_damaged_ids_file_falls_back_to_the_directories(storage: FsCheckpointStorage) -> None:
     storage.initialize_location(3)
     storage.fs.write_atomic(storage.layout.ids, b"\x00garbage")

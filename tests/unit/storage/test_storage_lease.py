@@ -34,16 +34,6 @@ def test_second_run_is_refused_with_who_holds_it_and_how_to_take_over(job, clock
         assert expected in message
 
 
-def test_expired_lease_is_taken_over_with_a_higher_fencing_token(job, clock) -> None:
-    first = lease(job, clock, "a")
-    first.acquire()
-    clock.advance(31)
-    second = lease(job, clock, "b")
-    second.acquire()
-    assert (first.token, second.token) == (1, 2)
-    assert read_current_lease(*job).run_id == "b"
-
-
 def test_heartbeats_keep_the_lease(job, clock) -> None:
     holder = lease(job, clock, "a")
     holder.acquire()
