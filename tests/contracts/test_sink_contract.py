@@ -145,16 +145,13 @@ def _delta(url: str, options: dict[str, Any], local: bool) -> SinkKind:
 
 
 def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> SinkKind:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     from sparkpoint.connectors.kafka_sink import KafkaSink
     from tests.integration.kafka.kafka_support import KafkaTestClient
 
     broker = request.getfixturevalue("kafka_broker")
     topic = job = unique_name(request.node.name)
-    AdminClient({"bootstrap.servers": broker.bootstrap_servers}).create_topics(
-        [NewTopic(topic, 1, 1)])[topic].result(30)
     client = KafkaTestClient(broker.bootstrap_servers)
+    client.create_topic(topic, 1)
 
     def open_sink() -> Sink:
         sink = KafkaSink(broker.bootstrap_servers, topic, staging_dir=str(tmp_path / "staging"),
