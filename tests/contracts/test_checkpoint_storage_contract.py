@@ -20,7 +20,8 @@ Behaviours (each asserts what a user of the checkpoints sees):
 - re-committing the same checkpoint (a retry after a crash) is refused and the first
   commit stays the one that is loaded
 - discarding a subsumed checkpoint removes its files but keeps shared files a retained
-  checkpoint still references; discarding an aborted location twice is harmless
+  checkpoint still references; discarding an aborted checkpoint removes what only it
+  named; discarding a crashed run's location twice is harmless
 - checkpoint ids continue past every checkpoint directory after a restart, also when the
   ids file is lost
 - the job lease: a second deployment is refused while the first holds it; once it
@@ -56,7 +57,7 @@ from sparkpoint.storage.ids import DurableCheckpointIDCounter
 from sparkpoint.storage.inspect import verify_checkpoints
 from sparkpoint.storage.layout import JobLayout
 from sparkpoint.storage.lease import JobLease, read_current_lease
-from tests.unit.storage.storage_support import ManualClock, complete_checkpoint
+from tests.unit.storage.storage_support import ManualClock, complete_checkpoint, put
 
 SST_A, SST_B, SST_C = ("shared/state/counts/0/a-000001.sst", "shared/state/counts/0/b-000002.sst",
                        "shared/state/counts/0/c-000003.sst")
@@ -265,6 +266,20 @@ class TestCheckpointStorageContract:
         assert other.exists(layout.join(SST_B)) and other.exists(layout.join(SST_C))
         assert backend.storage().load_completed() == [second]
         assert verify_checkpoints(fs, layout, [2])[0].ok
+
+    def test_discarding_an_aborted_checkpoint_keeps_what_others_reference(self, backend: Backend) -> None:
+        storage = backend.storage()
+        retained = complete_checkpoint(storage, 1, {SST_A: b"a"})
+        location = storage.initialize_location(2)
+        handles = [{"kind": "rocksdb", "files": [put(storage.fs, storage.layout, rel, data) for rel, data in
+                                                 [(SST_A, b"a"), (SST_B, b"b"), ("chk-2/state/MANIFEST", b"m")]]}]
+        storage.discard_aborted(2, handles, still_referenced=list(retained.handles.values()))
+        other = backend.client()
+        assert not other.exists(location.path)
+        assert not other.exists(storage.layout.join(SST_B))  # only the aborted one named it
+        assert other.read_bytes(storage.layout.join(SST_A)) == b"a"
+        assert backend.storage().load_completed() == [retained]
+        assert verify_checkpoints(other, backend.layout(other), [1])[0].ok
 
     def test_checkpoint_ids_are_never_handed_out_twice_across_restarts(self, backend: Backend) -> None:
         storage = backend.storage()
