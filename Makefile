@@ -63,10 +63,11 @@ test: bootstrap kafka-jars chromium
 
 # The tier that starts no job or server process of its own: unit tests, the contract
 # suites and the in-process integration tests on one shared Spark session (the Kafka
-# tests need a broker JVM and stay in `make test`).
+# tests need a broker JVM, the Spark Connect and README-command tests JVMs of their own:
+# they stay in `make test`).
 test-fast: bootstrap
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/contracts tests/integration \
-		--ignore=tests/integration/kafka -m "not kafka"
+		--ignore=tests/integration/kafka -m "not kafka and not e2e"
 
 # `sparkpoint chaos --storm` over 20 seeds (SEEDS=N to change) on a Delta sink with checkpoints
 # on an S3 API and on Kafka source and sink: every fault kind once per seed. The reports (runs,
