@@ -41,7 +41,9 @@ from tests.inprocess import CrashPoint, job_settings, restart, start
 
 pytestmark = pytest.mark.spark
 
-EVENTS = Events()
+# Paced: the crash point needs a run that spans several checkpoints (two completed ones
+# with a change log between them), however fast this machine runs epochs (about 12 s).
+EVENTS = Events(rate_per_s=5_000)
 OPERATOR = "windows"
 SNAPSHOTS_BY_COUNT = dict(s.split("=", 1) for s in SNAPSHOT_EVERY_4_EPOCHS)
 
@@ -184,10 +186,12 @@ class Finished:
 @pytest.fixture(scope="module")
 def finished(spark, tmp_path_factory) -> Finished:
     """One failure-free run that keeps RETAINED checkpoints, snapshots by count (so the
-    retained checkpoints always include snapshot files however fast the machine is)."""
+    retained checkpoints always include snapshot files however fast the machine is),
+    paced so that it completes more checkpoints than it retains."""
     root = tmp_path_factory.mktemp("finished")
     pipeline = (Pipeline(AGGREGATE_JOB)
-                .source(GeneratorSource("events", keys=50, total_events=20_000, max_records_per_epoch=2_000))
+                .source(GeneratorSource("events", keys=50, total_events=20_000, max_records_per_epoch=2_000,
+                                        rate_per_s=2_500))  # about 8 s: enough checkpoints on any machine
                 .stateful(KeyedAggregate(AGGREGATE_OPERATOR, ["key"], "value", value_type="bigint"))
                 .sink(ParquetSink(str(root / "out"))))
     run = start(pipeline, job_settings(root, AGGREGATE_JOB, **SNAPSHOTS_BY_COUNT,

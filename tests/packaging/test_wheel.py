@@ -113,9 +113,11 @@ def test_the_wheel_holds_the_license_and_no_test_servers(dist):
     assert not [n for n in names if n.startswith("tests/")]
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: Apache-2.0" in meta
-    # PySpark only through the extra: a cluster's own is used as it is.
-    assert [line for line in meta.splitlines() if line.startswith("Requires-Dist: pyspark")] == \
-        ['Requires-Dist: pyspark<5,>=4.0; extra == "spark"']
+    # PySpark only through the extras (itself, or its Spark Connect client): a cluster's own
+    # is used as it is.
+    assert sorted(line for line in meta.splitlines() if line.startswith("Requires-Dist: pyspark")) == \
+        ['Requires-Dist: pyspark<5,>=4.0; extra == "spark"',
+         'Requires-Dist: pyspark[connect]<5,>=4.0; extra == "connect"']
     assert not [line for line in meta.splitlines() if line.startswith("Requires-Dist:") and "==" in line.split(";")[0]], \
         "a pinned runtime dependency would replace a platform's own"
 
