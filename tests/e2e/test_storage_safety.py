@@ -15,19 +15,31 @@ below for a holder on another host whose lease expired.
 from __future__ import annotations
 
 import re
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
-from sparkpoint.errors import LeaseHeldError, LeaseLostError
+from sparkpoint.errors import CorruptCheckpointError, LeaseHeldError, LeaseLostError
+from sparkpoint.state.snapshot import SnapshotFile, snapshot_files
 from sparkpoint.storage.checkpoint_storage import open_job_storage
 from sparkpoint.storage.ids import encode_ids
 from tests.e2e.chaos_oracles import window_rows
-from tests.e2e.harness import WINDOW_PIPELINE, Proc, canonical
+from tests.e2e.harness import WINDOW_PIPELINE, Job, Proc, canonical
 from tests.e2e.storage_support import (
     JOB_NAME,
+    SNAPSHOT_EVERY_4_EPOCHS,
+    bad_magic,
+    changelogs_only_in,
+    flipped_bytes,
+    kill_when,
+    lineages,
+    local_copy,
+    reference,
+    state_files,
     JOB_SHAPE,
     chk_dir_ids,
     completed_checkpoints,
@@ -136,3 +148,106 @@ def test_live_lease_of_another_host_refuses_the_run_and_an_expired_one_is_fenced
     with pytest.raises(LeaseLostError, match="fenced out.*deploy-c"):
         other.checkpoints.commit_metadata(location, _metadata_for(JOB_NAME, 1))
     assert not other.fs.exists(other.layout.metadata(1))
+
+
+def _replace_with(path: Path, damage) -> None:
+    """Damage a copy: the local recovery copy hard-links files with the live DB, and the
+    test means to damage exactly this one."""
+    data = path.read_bytes()
+    path.unlink()
+    path.write_bytes(data)
+    damage(path)
+
+
+@dataclass(frozen=True)
+class _Damage:
+    """Where seed 003's two corruptions go, chosen from what a killed run left."""
+
+    latest: int
+    older: int
+    victim: SnapshotFile  # in storage; only `latest` references it
+    local_sst: Path  # in subtask 0's local recovery copy of the snapshot `older` is based on
+
+
+def _damage_plan(job: Job, fs, layout) -> _Damage | None:
+    """None until the two newest completed checkpoints are such that (a) subtask 0 of
+    the older one is based on a snapshot this executor still holds locally and (b) the
+    latest references a change log of an epoch after the older one's."""
+    try:
+        done = completed_checkpoints(fs, layout)
+    except (FileNotFoundError, CorruptCheckpointError):
+        return None  # a subsumed checkpoint was being deleted while we listed
+    if len(done) < 2:
+        return None
+    latest, older = sorted(done)[-1], sorted(done)[-2]
+    base = lineages(done[older])["state:totals/0"]
+    copy = local_copy(job, 0, base.base_epoch)
+    ssts = sorted(f.name for f in (snapshot_files(base.base) if base.base is not None else [])
+                  if f.name.endswith(".sst") and (copy / f.name).is_file())
+    if not ssts:
+        return None
+    newer = changelogs_only_in(done, latest, older, "state:totals/1")
+    if not newer:
+        return None
+    return _Damage(latest, older, newer[-1], copy / ssts[0])
+
+
+def test_corrupt_local_copy_and_corrupt_remote_checkpoint_fall_back_then_nothing_valid_refuses(
+        tmp_path: Path, tmp_path_factory) -> None:
+    """Seed 003 ("Bad table magic number" kills the pod): a damaged local recovery copy
+    is replaced from checkpoint storage; a damaged checkpoint in storage makes the job
+    fall back to the next older one; with none valid the job refuses to start, and
+    restore.mode=empty starts from scratch."""
+    expected = reference(tmp_path_factory).rows
+    job = make_job(tmp_path / "job", sets=SNAPSHOT_EVERY_4_EPOCHS)
+    fs, layout = job_storage(str(job.root / "checkpoints"))
+    first = job.start()
+    plan = kill_when(first, lambda: _damage_plan(job, fs, layout))
+
+    # Remote: bit rot in a change log only the latest checkpoint references (an epoch
+    # after the older checkpoint's), read from storage by whichever executor rebuilds.
+    flipped_bytes(Path(layout.join(plan.victim.path)), at=0)
+    # Local: "Bad table magic number" in subtask 0's recovery copy of the snapshot the
+    # older checkpoint is based on; the live store next to it is left intact.
+    _replace_with(plan.local_sst, bad_magic)
+
+    second = job.run(timeout=SPARK_TIMEOUT)
+
+    text = second.text
+    assert second.popen.returncode == 0, text[-3000:]
+    assert re.search(rf"ALARM checkpoint {plan.latest} of job {JOB_NAME} is corrupt and is skipped; falling back "
+                     rf".*{re.escape(plan.victim.name)}", text), text[-3000:]
+    assert f"restores checkpoint {plan.older}" in text
+    assert re.search(rf"\[{JOB_NAME}\] resuming from checkpoint {plan.older} \(epoch \d+, taken ", text), text[-3000:]
+    assert re.search(rf"ALARM state:totals/0: the local recovery copy was corrupt \([^)]*"
+                     rf"{re.escape(plan.local_sst.name)}[^)]*\); those files were restored from checkpoint storage",
+                     text), text[-3000:]
+    assert "-> FAILED" not in text
+    assert canonical(job.output(), drop=()) == expected
+
+    # Nothing valid left: every retained checkpoint damaged in storage, no local copies.
+    done = completed_checkpoints(fs, layout)
+    retained_files = {f.path for data in done.values() for f in state_files(data)}
+    for path in retained_files:  # once each: a shared file flipped twice would be whole again
+        flipped_bytes(Path(layout.join(path)), at=0)
+    shutil.rmtree(job.root / "state")
+
+    refused = job.run(timeout=SPARK_TIMEOUT)
+
+    assert refused.popen.returncode == 2, refused.text[-3000:]
+    assert re.search(rf"has {len(done)} completed checkpoint\(s\) .* but none restores", refused.text), \
+        refused.text[-3000:]
+    assert "--set restore.mode=empty" in refused.text and "sparkpoint doctor" in refused.text
+    after_refusal = canonical(job.output(), drop=())
+
+    from_scratch = make_job(tmp_path / "from-scratch", checkpoint_dir=str(job.root / "checkpoints"))
+    empty = from_scratch.run(["restore.mode=empty"], timeout=SPARK_TIMEOUT)
+    assert empty.popen.returncode == 0, empty.text[-3000:]
+    assert f"[{JOB_NAME}] starting fresh: restore.mode=empty" in empty.text, empty.text[-3000:]
+    assert canonical(from_scratch.output(), drop=()) == expected
+
+    # "Nothing was started, so nothing was lost": the refused run left the committed
+    # output as it was (it did not withdraw the epochs of checkpoints it could not restore).
+    assert len(after_refusal) == len(expected), "a refused run must not touch the output"
+    assert after_refusal == expected, "a refused run must not touch the output"
+
