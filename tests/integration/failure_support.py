@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,30 @@ class RecordingStorageFS(FaultyStorageFS):
     def rm(self, path: str, recursive: bool = False) -> None:
         self._record("delete", path)
         super().rm(path, recursive=recursive)
+
+
+class OnThread:
+    """A job run on a thread of its own, so the test can act while it runs."""
+
+    def __init__(self, job: JobMaster):
+        self.job, self.result, self.error = job, None, None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.job.run()
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            self.error = e
+
+    def join(self, timeout_s: float = 180):
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "the job did not end"
+        return self.result
+
+
+def wait_until(condition, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

@@ -7,12 +7,11 @@ output is compared with the batch answer of failure_support.expected_windows."""
 from __future__ import annotations
 
 import shutil
-import threading
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from failure_support import Events, ObservedJob, Tripwire, expected_windows, settings
+from failure_support import Events, ObservedJob, OnThread, Tripwire, expected_windows, settings, wait_until
 
 from sparkpoint import FileSource, ParquetSink, Pipeline
 from sparkpoint.errors import JobFailedError, StorageError
@@ -37,33 +36,6 @@ def _output(root) -> list[tuple]:
     return canonical(read_output(root / "out"))
 
 
-class _OnThread:
-    def __init__(self, job: JobMaster):
-        self.job, self.result, self.error = job, None, None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.result = self.job.run()
-        except BaseException as e:  # noqa: BLE001 - the test looks at it
-            self.error = e
-
-    def join(self, timeout_s: float = 180):
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "the job did not end"
-        return self.result
-
-
-def _wait(condition, timeout_s: float = 120) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def _completed(job) -> int:
     coordinator = getattr(job, "coordinator", None)
     return int(coordinator.stats.snapshot().get("completed", 0)) if coordinator else 0
@@ -73,8 +45,8 @@ def test_a_deleted_savepoint_does_not_make_the_next_failover_fatal(spark, tmp_pa
     """NO_CLAIM: once the job has checkpoints of its own, the savepoint it started from is
     the user's to delete. A failover after that, and a rerun with the same command line,
     resume from the job's own checkpoints without reading the savepoint."""
-    first = _OnThread(JobMaster(PACED.pipeline("sp", tmp_path / "out"), settings(tmp_path, "sp", []), spark=spark))
-    _wait(lambda: first.job.epoch >= 2 and _completed(first.job) >= 1)
+    first = OnThread(JobMaster(PACED.pipeline("sp", tmp_path / "out"), settings(tmp_path, "sp", []), spark=spark))
+    wait_until(lambda: first.job.epoch >= 2 and _completed(first.job) >= 1)
     savepoint = first.job.stop(savepoint=True, target=str(tmp_path / "savepoint")).result(120)
     assert first.join().status is JobStatus.FINISHED
 
@@ -82,8 +54,8 @@ def test_a_deleted_savepoint_does_not_make_the_next_failover_fatal(spark, tmp_pa
     from_savepoint = {"execution.state-recovery.path": savepoint}
     second = ObservedJob(PACED.pipeline("sp", tmp_path / "out", transform=trip),
                          settings(tmp_path, "sp", [], **from_savepoint), spark=spark)
-    running = _OnThread(second)
-    _wait(lambda: second.restored_from is not None and getattr(second, "completed_ids", None))
+    running = OnThread(second)
+    wait_until(lambda: second.restored_from is not None and getattr(second, "completed_ids", None))
     shutil.rmtree(savepoint)  # "yours to delete"
     trip.arm()  # the next epoch fails once: a failover
     result = running.join()
@@ -167,8 +139,8 @@ def test_a_storage_outage_during_restore_is_not_a_permanent_failure(spark, tmp_p
     job = ObservedJob(PACED.pipeline("outage", tmp_path / "out", transform=trip),
                       settings(tmp_path, "outage", [{"op": "read", "path": "*/_metadata", "action": "fail",
                                                      "times": 4}]), spark=spark)
-    running = _OnThread(job)
-    _wait(lambda: getattr(job, "completed_ids", None))
+    running = OnThread(job)
+    wait_until(lambda: getattr(job, "completed_ids", None))
     trip.arm()
     result = running.join()
     assert running.error is None, running.error
@@ -230,8 +202,8 @@ def test_a_restore_is_recorded_without_the_rest_api(spark, tmp_path):
     trip = Tripwire()
     job = ObservedJob(PACED.pipeline("restores", tmp_path / "out", transform=trip),
                       settings(tmp_path, "restores", [], **{"rest.enabled": False}), spark=spark)
-    running = _OnThread(job)
-    _wait(lambda: getattr(job, "completed_ids", None))
+    running = OnThread(job)
+    wait_until(lambda: getattr(job, "completed_ids", None))
     trip.arm()
     result = running.join()
     assert result.status is JobStatus.FINISHED and result.restarts == 1
@@ -247,8 +219,8 @@ def test_a_job_cancelled_during_the_restart_backoff_does_not_exit_zero(spark, tm
     job = JobMaster(SMALL.pipeline("backoff", tmp_path / "out", transform=trip),
                     settings(tmp_path, "backoff", [], **{"restart-strategy.fixed-delay.delay": "10 min"}),
                     spark=spark)
-    running = _OnThread(job)
-    _wait(lambda: job.status.status is JobStatus.RESTARTING)
+    running = OnThread(job)
+    wait_until(lambda: job.status.status is JobStatus.RESTARTING)
     job.cancel()  # what a Ctrl-C does while the job waits to restart
     result = running.join()
     assert result.status is JobStatus.CANCELED
@@ -306,8 +278,8 @@ def test_a_stop_by_signal_that_an_epoch_failure_interrupts_still_stops_with_a_la
     trip = Tripwire()
     job = ObservedJob(PACED.pipeline("interrupted", tmp_path / "out", transform=trip),
                       settings(tmp_path, "interrupted", []), spark=spark)
-    running = _OnThread(job)
-    _wait(lambda: getattr(job, "completed_ids", None))
+    running = OnThread(job)
+    wait_until(lambda: getattr(job, "completed_ids", None))
     trip.arm()
     job._on_stop_signal(signal.SIGTERM, None)  # the handler only queues the stop
     result = running.join()

@@ -6,11 +6,9 @@ the batch answer of failure_support.expected_windows."""
 
 from __future__ import annotations
 
-import threading
-import time
 
 import pytest
-from failure_support import Events, ObservedJob, Tripwire, expected_windows, settings
+from failure_support import Events, ObservedJob, OnThread, Tripwire, expected_windows, settings, wait_until
 
 from sparkpoint.runtime.jobmaster import JobMaster
 from sparkpoint.runtime.status import JobStatus
@@ -26,31 +24,6 @@ PACED = Events(keys=50, total=24_000, per_epoch=2_000, rate_per_s=4_000)
 @pytest.fixture(scope="module")
 def expected(spark) -> list[tuple]:
     return expected_windows(spark, PACED)
-
-
-class _OnThread:
-    def __init__(self, job: JobMaster):
-        self.job, self.result, self.error = job, None, None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.result = self.job.run()
-        except BaseException as e:  # noqa: BLE001 - the test looks at it
-            self.error = e
-
-    def join(self, timeout_s: float = 180):
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "the job did not end"
-        return self.result
-
-
-def _wait(condition, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 class SavepointEpochFails(ObservedJob):
@@ -71,8 +44,8 @@ def test_a_rest_stop_with_savepoint_whose_epoch_fails_is_carried_out_after_the_r
     job = SavepointEpochFails(PACED.pipeline("rest-stop", tmp_path / "out", transform=trip),
                               settings(tmp_path, "rest-stop", []), spark=spark)
     job.trip = trip
-    running = _OnThread(job)
-    _wait(lambda: getattr(job, "completed_ids", None))
+    running = OnThread(job)
+    wait_until(lambda: getattr(job, "completed_ids", None))
     stop = job.stop_with_savepoint(None, savepoint=True)
     result = running.join()
     assert running.error is None, running.error
@@ -102,8 +75,8 @@ def test_a_rest_stop_accepted_while_the_job_fails_is_carried_out_after_the_resta
             stops.append(job.stop_with_savepoint(None, savepoint=False))
 
     job.status.add_listener(on_status)
-    running = _OnThread(job)
-    _wait(lambda: getattr(job, "completed_ids", None))
+    running = OnThread(job)
+    wait_until(lambda: getattr(job, "completed_ids", None))
     trip.arm()  # the next epoch fails: a failover, with the stop asked for meanwhile
     result = running.join()
     assert running.error is None, running.error

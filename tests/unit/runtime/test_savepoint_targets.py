@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkpoint import GeneratorSource, KeyedAggregate, ParquetSink, Pipeline
-from sparkpoint.config import Settings
+from tests.unit.runtime.unstarted_job import unstarted_job
 from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.jobmaster import JobMaster
 
@@ -27,14 +26,7 @@ class RecordingCoordinator:
 
 @pytest.fixture
 def job(tmp_path) -> JobMaster:
-    pipeline = (Pipeline("orders").source(GeneratorSource("g", keys=10, total_events=10))
-                .stateful(KeyedAggregate("agg", ["key"], "value", value_type="bigint"))
-                .sink(ParquetSink(str(tmp_path / "out"))))
-    settings = Settings.load(None, [f"execution.checkpointing.dir={tmp_path / 'chk'}",
-                                    f"state.local.dir={tmp_path / 'state'}", "sparkpoint.progress=false",
-                                    f"execution.checkpointing.savepoint.allowed-targets=[{tmp_path / 'backups'}]"],
-                             base={"pipeline.name": "orders"})
-    master = JobMaster(pipeline, settings, spark=object())
+    master = unstarted_job(tmp_path, f"execution.checkpointing.savepoint.allowed-targets=[{tmp_path / 'backups'}]")
     master.coordinator = RecordingCoordinator()
     return master
 

@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkpoint import GeneratorSource, KeyedAggregate, ParquetSink, Pipeline
-from sparkpoint.config import Settings
+from tests.unit.runtime.unstarted_job import unstarted_job
 from sparkpoint.runtime.jobmaster import JobMaster
 from sparkpoint.runtime.status import JobStatus
 
@@ -21,13 +20,7 @@ class EpochFailed(Exception):
 
 @pytest.fixture
 def job(tmp_path) -> JobMaster:
-    pipeline = (Pipeline("orders").source(GeneratorSource("g", keys=10, total_events=10))
-                .stateful(KeyedAggregate("agg", ["key"], "value", value_type="bigint"))
-                .sink(ParquetSink(str(tmp_path / "out"))))
-    settings = Settings.load(None, [f"execution.checkpointing.dir={tmp_path / 'chk'}",
-                                    f"state.local.dir={tmp_path / 'state'}", "sparkpoint.progress=false"],
-                             base={"pipeline.name": "orders"})
-    return JobMaster(pipeline, settings, spark=object())
+    return unstarted_job(tmp_path)
 
 
 def _queued(job: JobMaster) -> list:
