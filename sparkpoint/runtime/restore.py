@@ -15,7 +15,7 @@ import logging
 import time
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
-from sparkpoint.errors import ConfigError, CorruptCheckpointError, NoValidCheckpointError
+from sparkpoint.errors import ConfigError, CorruptCheckpointError, CorruptSnapshotError, NoValidCheckpointError
 from sparkpoint.runtime.failures import JOB
 from sparkpoint.runtime.failures import summarize as _summary
 from sparkpoint.storage.handles import checkpoint_file_entries
@@ -205,10 +205,8 @@ class RestoreSteps:
                  len(old), self.P)
         try:
             infos = restore_state(self._spark, task, self.P)
-        except Exception as e:
-            if "CorruptSnapshotError" in str(e) or "CorruptCheckpointError" in str(e):
-                raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: {_summary(e)}") from e
-            raise
+        except CorruptSnapshotError as e:  # a storage outage is not corruption: it fails over as it is
+            raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: {e}") from e
         self.lineages.restore({j: infos[j]["lineage"] for j in range(self.P)}, generation=task.generation)
         self.lineages.on_restore(infos)
         if len(old) != self.P:
@@ -225,10 +223,8 @@ class RestoreSteps:
                            generation=self.lineages.generation, memory=self.state_memory)
         try:
             reports = restore_state(self._spark, task, self.P)
-        except Exception as e:
-            if "CorruptSnapshotError" in str(e) or "CorruptCheckpointError" in str(e):
-                raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {_summary(e)}") from e
-            raise
+        except CorruptSnapshotError as e:  # a storage outage is not corruption: it fails over as it is
+            raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {e}") from e
         self.lineages.on_restore(reports)
 
     def _restored_state_ready(self) -> None:

@@ -25,6 +25,7 @@ from sparkpoint.runtime.executor.subtask import (
     OutputStep,
     RestoreTask,
     output_schema_with_meta,
+    raise_restore_failure,
     where_am_i,
     with_meta,
 )
@@ -237,7 +238,8 @@ def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:
 
 def restore_state(spark, task: RestoreTask, parallelism: int) -> dict[int, dict[str, Any]]:
     """One small Spark job: every subtask rebuilds its restored state on an executor.
-    Returns each subtask's report (how, files, time)."""
+    Returns each subtask's report (how, files, time). Raises CorruptSnapshotError when a
+    file fails verification, StorageError when storage did not answer."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -248,7 +250,9 @@ def restore_state(spark, task: RestoreTask, parallelism: int) -> dict[int, dict[
 
     rows = spark.range(parallelism).select(F.col("id").cast("int").alias(SUBTASK_COL))
     meta = rows.groupBy(SUBTASK_COL).applyInArrow(restore_subtask, from_arrow_schema(schema)).toArrow().to_pylist()
-    return {r[META_SUBTASK]: json.loads(r[META_INFO]) for r in meta}
+    reports = {r[META_SUBTASK]: json.loads(r[META_INFO]) for r in meta}
+    raise_restore_failure(reports)  # CorruptSnapshotError or StorageError, by the kind each task reported
+    return reports
 
 
 def split_meta(out: pa.Table, output_schema: pa.Schema) -> tuple[pa.Table, list[dict]]:

@@ -21,6 +21,7 @@ is never claimed (Flink's NO_CLAIM), and the first checkpoint is self-sufficient
 from __future__ import annotations
 
 import json
+import contextlib
 import os
 import shutil
 import time
@@ -61,6 +62,7 @@ class RescaleTask:
         from sparkpoint.runtime.executor.subtask import (
             SUBTASK_COL,
             output_schema_with_meta,
+            restore_failure,
             where_am_i,
             with_meta,
         )
@@ -77,8 +79,10 @@ class RescaleTask:
         store = SubtaskStateStore.open(state.db_dir, create=True, operator=new.operator,
                                        key_groups=range(lo, hi), max_parallelism=new.max_parallelism,
                                        shared=state.shared_memory())
-        keys_copied, downloaded, sources = 0, 0, []
-        try:
+        keys_copied, downloaded, sources, lineage = 0, 0, [], None
+        with restore_failure() as failure, contextlib.ExitStack() as cleanup:
+            cleanup.callback(shutil.rmtree, scratch, ignore_errors=True)
+            cleanup.callback(state.close)
             for i, old in sorted(self.old.items()):
                 o_lo, o_hi = old.key_groups
                 if o_hi <= lo or o_lo >= hi:
@@ -99,14 +103,13 @@ class RescaleTask:
             handle = state.materialize(self.epoch)
             lineage = Lineage(new.operator, j, new.key_groups, new.max_parallelism, epoch=self.epoch,
                               base=handle, base_epoch=self.epoch)
-        finally:
-            state.close()
-            shutil.rmtree(scratch, ignore_errors=True)
-        info = {**where_am_i(), "lineage": lineage.to_json(), "from_subtasks": sources, "keys": keys_copied,
+        info = {**where_am_i(), "lineage": lineage.to_json() if lineage is not None else None,
+                "from_subtasks": sources, "keys": keys_copied, **failure,
                 "state": {"how": "rebuild", "bytes_downloaded": downloaded,
                           "rebuild_ms": int((time.perf_counter() - started) * 1000)}}
         ms = int((time.perf_counter() - started) * 1000)
-        return with_meta(None, output_schema_with_meta(pa.schema([])), j, 0, ms, None, json.dumps(info))
+        return with_meta(None, output_schema_with_meta(pa.schema([])), j, 0, ms, failure.get("error"),
+                         json.dumps(info))
 
 
 def _copy_range(src: SubtaskStateStore, dst: SubtaskStateStore, lo: int, hi: int) -> int:

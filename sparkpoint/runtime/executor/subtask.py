@@ -13,6 +13,7 @@ handle, how the state was obtained, and the sink's staged-file handles.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -23,6 +24,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkpoint.errors import CorruptSnapshotError, StorageError
 from sparkpoint.runtime.executor.store_opening import EpochInput
 from sparkpoint.state.changelog import Lineage
 from sparkpoint.state.keys import key_group_range
@@ -244,10 +246,43 @@ class RestoreTask:
         lineage = self.lineages[subtask]
         fs, layout = self.storage.open()
         state = SubtaskState(self.local_root, lineage, fs, layout, self.memory)
-        try:
-            state.open(lineage.epoch + 1, trust_local=False, given=EpochInput(self.generation, ""))
-        finally:
-            state.close()
-        info = {**where_am_i(), "state": state.report.__dict__}
+        with restore_failure() as failure:
+            try:
+                state.open(lineage.epoch + 1, trust_local=False, given=EpochInput(self.generation, ""))
+            finally:
+                state.close()
+        info = {**where_am_i(), "state": state.report.__dict__, **failure}
         ms = int((time.perf_counter() - started) * 1000)
-        return with_meta(None, output_schema_with_meta(pa.schema([])), subtask, 0, ms, None, json.dumps(info))
+        return with_meta(None, output_schema_with_meta(pa.schema([])), subtask, 0, ms, failure.get("error"),
+                         json.dumps(info))
+
+
+# How a restore task's failure travels to the driver: by kind, in its meta row. The
+# exception Spark would carry arrives as a worker's traceback text, and that text (its
+# source lines included) cannot tell a damaged file from a storage outage.
+RESTORE_CORRUPT, RESTORE_STORAGE = "corrupt", "storage"
+
+
+@contextlib.contextmanager
+def restore_failure():
+    """Catches what a restore task's driver must tell apart into a dict for its info:
+    `{"error_kind": ..., "error": ...}` (empty when the task succeeded). Other errors
+    fail the Spark task as they are."""
+    failure: dict[str, str] = {}
+    try:
+        yield failure
+    except CorruptSnapshotError as e:
+        failure.update(error_kind=RESTORE_CORRUPT, error=f"{type(e).__name__}: {e}")
+    except StorageError as e:
+        failure.update(error_kind=RESTORE_STORAGE, error=f"{type(e).__name__}: {e}")
+
+
+def raise_restore_failure(reports: dict[int, dict[str, Any]]) -> None:
+    """On the driver: a restore task's failure as its own type again. Corruption wins
+    over an outage (an older checkpoint is then tried, which an outage alone never
+    justifies)."""
+    for kind, error in ((RESTORE_CORRUPT, CorruptSnapshotError), (RESTORE_STORAGE, StorageError)):
+        failed = sorted(i for i, r in reports.items() if r.get("error_kind") == kind)
+        if failed:
+            raise error(f"subtask {failed[0]}: {reports[failed[0]]['error']}"
+                        + (f" (and {len(failed) - 1} more subtask(s))" if len(failed) > 1 else ""))
