@@ -16,7 +16,7 @@ import time
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
 from sparkpoint.errors import ConfigError, CorruptCheckpointError, CorruptSnapshotError, NoValidCheckpointError
-from sparkpoint.runtime.failures import JOB
+from sparkpoint.runtime.failures import JOB, python_failure
 from sparkpoint.runtime.failures import summarize as _summary
 from sparkpoint.storage.handles import checkpoint_file_entries
 
@@ -246,10 +246,13 @@ class RestoreSteps:
     def _note_corrupt_restore(self, e: BaseException) -> None:
         """An executor could not rebuild state from the restored checkpoint's files
         (missing or failing verification): never restore that checkpoint again."""
-        text = str(e)
         cid = self.restored_from
-        if cid is None or "CorruptSnapshotError" not in text:
+        # By the exception's type (its traceback's last line), not by any word in the
+        # text: a storage outage's traceback may print a source line that raises it.
+        if cid is None or not (isinstance(e, CorruptSnapshotError)
+                               or python_failure(e).short_type == CorruptSnapshotError.__name__):
             return
+        text = str(e)
         data = next((c for c in self.coordinator.completed_store.all() if c.checkpoint_id == cid), None)
         if data is None:
             return
