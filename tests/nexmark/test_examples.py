@@ -1,0 +1,125 @@
+"""Every Nexmark example pipeline (examples/nexmark/qN.py), run in-process to the end of
+its input, writes exactly the rows its pandas reference (tests/nexmark/reference.py)
+computes from the same events: nexmark-flink's result for that query on bounded input.
+
+One set of 20 000 events (seed 0, two Parquet files per stream) is generated per module
+and read by every run through NEXMARK_INPUT, as a user would run an example."""
+
+from __future__ import annotations
+
+import glob
+import os
+import runpy
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+
+from sparkpoint import Settings
+from sparkpoint.connectors.base import SlicePlan, SourceContext
+from sparkpoint.connectors.nexmark import STREAMS, NexmarkConfig, NexmarkGenerator, write_parquet
+from sparkpoint.connectors.nexmark_io import nexmark_input, write_side_input
+from sparkpoint.connectors.nexmark_source import NexmarkSource
+from sparkpoint.runtime.jobmaster import JobMaster
+from sparkpoint.runtime.status import JobStatus
+from tests.nexmark import reference
+from tests.nexmark.rows import assert_same_rows
+
+pytestmark = pytest.mark.spark
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "nexmark"
+EVENTS = 20_000
+SEED = 0
+# The examples the current pipeline API can express; the rest of the references wait for
+# joins and windows (docs/nexmark.md).
+EXPRESSIBLE = ["q0", "q1", "q2", "q10", "q13", "q14", "q21"]
+
+
+@pytest.fixture(scope="module")
+def nexmark_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("nexmark")
+    write_parquet(str(directory), EVENTS, NexmarkConfig(seed=SEED), files_per_stream=2)
+    write_side_input(str(directory / "side_input.csv"))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def events(nexmark_dir) -> reference.Events:
+    return reference.load(str(nexmark_dir), side_input=str(nexmark_dir / "side_input.csv"))
+
+
+def _settings(root: Path, name: str) -> Settings:
+    return Settings.load(overrides={
+        "pipeline.name": name, "execution.checkpointing.dir": str(root / "checkpoints"),
+        "state.local.dir": str(root / "state"), "execution.checkpointing.interval": "1 s",
+        "sparkpoint.progress": False, "rest.enabled": False, "restart-strategy.type": "none"})
+
+
+def run_example(spark, query: str, root: Path, monkeypatch, **env: str) -> pd.DataFrame:
+    """Load examples/nexmark/<query>.py as `sparkpoint run` does, with `env` set, run it to
+    the end of its input and return its committed output."""
+    out = root / "out"
+    monkeypatch.setenv("NEXMARK_OUTPUT", str(out))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pipeline = runpy.run_path(str(EXAMPLES / f"{query}.py"))["pipeline"]
+    result = JobMaster(pipeline, _settings(root, f"nexmark-{query}"), spark=spark).run()
+    assert result.status == JobStatus.FINISHED
+    table = ds.dataset(str(out), format="parquet", partitioning="hive", ignore_prefixes=["_", "."]).to_table()
+    return table.drop_columns(["epoch"]).to_pandas()
+
+
+def test_every_example_is_checked_against_its_reference():
+    examples = sorted(Path(p).stem for p in glob.glob(str(EXAMPLES / "q*.py")))
+    assert examples == sorted(EXPRESSIBLE)
+    assert set(EXPRESSIBLE) <= set(reference.QUERIES)
+
+
+@pytest.mark.parametrize("query", EXPRESSIBLE)
+def test_example_output_equals_the_reference(spark, nexmark_dir, events, query, tmp_path, monkeypatch):
+    monkeypatch.delenv("NEXMARK_SIDE_INPUT", raising=False)
+    got = run_example(spark, query, tmp_path, monkeypatch, NEXMARK_INPUT=str(nexmark_dir))
+    expected = reference.QUERIES[query](events)
+    assert len(expected) > 0, f"{query}: the reference has no rows on these events; the test would prove little"
+    assert_same_rows(got, expected)
+
+
+def test_an_example_reads_the_generator_when_no_input_directory_is_named(spark, events, tmp_path, monkeypatch):
+    monkeypatch.delenv("NEXMARK_INPUT", raising=False)
+    got = run_example(spark, "q0", tmp_path, monkeypatch, NEXMARK_EVENTS=str(EVENTS), NEXMARK_SEED=str(SEED))
+    assert_same_rows(got, reference.q0(events))
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_the_generator_source_reads_each_stream_in_any_slicing_as_the_generator_makes_it(spark, stream):
+    source = NexmarkSource(stream, events=7_000, seed=3, max_events_per_epoch=3_000, chunk_events=1_100)
+    source.open(SourceContext(spark, "nexmark"))
+    positions, frames = source.initial_positions(), []
+    while not source.is_exhausted(positions):
+        plan = source.plan(positions)
+        frames.append(source.read(plan).toPandas())
+        positions = plan.end
+    assert len(frames) == 3
+    got = pd.concat(frames, ignore_index=True)
+    expected = NexmarkGenerator(NexmarkConfig(seed=3)).events(0, 7_000).stream(stream).to_pandas()
+    assert list(got.columns) == list(expected.columns)
+    assert_same_rows(got, expected)
+    empty = source.read(SlicePlan({"events": 7_000}, {"events": 7_000}))
+    assert empty.count() == 0 and empty.columns == list(expected.columns)
+
+
+def test_a_missing_stream_directory_is_one_line_naming_the_command_that_writes_it(tmp_path, monkeypatch):
+    from sparkpoint.errors import ConfigError
+
+    monkeypatch.setenv("NEXMARK_INPUT", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"has no bid/ directory: write the input with `sparkpoint nexmark generate"):
+        nexmark_input("bid")
+
+
+def test_the_input_directory_is_read_in_file_name_order(nexmark_dir, monkeypatch):
+    monkeypatch.setenv("NEXMARK_INPUT", str(nexmark_dir))
+    source = nexmark_input("bid")
+    plan = source.plan(source.initial_positions())
+    assert plan.end == {"dir": sorted(os.listdir(nexmark_dir / "bid"))} and len(plan.end["dir"]) == 2
+    assert source.is_exhausted(plan.end)
