@@ -44,6 +44,10 @@ def check_stream(stream: str) -> str:
 
 
 class NexmarkSource(Source):
+    """`stream` ("person", "auction" or "bid") of the events 0 .. `events` - 1 (no end when
+    None) of the generator with `seed` (or a whole `config`), at most
+    `max_events_per_epoch` event numbers per epoch."""
+
     def __init__(self, stream: str, *, events: int | None = None, seed: int = 0,
                  config: NexmarkConfig | None = None, max_events_per_epoch: int = 200_000,
                  chunk_events: int = 50_000, name: str | None = None):
