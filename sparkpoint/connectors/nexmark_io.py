@@ -65,7 +65,8 @@ def side_input_path() -> str:
     """q13's side input: $NEXMARK_SIDE_INPUT, else side_input.csv beside the input streams
     ($NEXMARK_INPUT), else in nexmark-output/. Written on first use (`write_side_input`)."""
     explicit = os.environ.get("NEXMARK_SIDE_INPUT")
-    path = explicit or os.path.join(os.environ.get("NEXMARK_INPUT") or "nexmark-output", "side_input.csv")
+    path = os.path.abspath(explicit or os.path.join(os.environ.get("NEXMARK_INPUT") or "nexmark-output",
+                                                    "side_input.csv"))
     if not os.path.exists(path):
         write_side_input(path)
     return path
