@@ -62,12 +62,12 @@ test: bootstrap kafka-jars chromium
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # The tier that starts no job or server process of its own: unit tests, the contract
-# suites and the in-process integration tests on one shared Spark session (the Kafka
-# tests need a broker JVM, the Spark Connect and README-command tests JVMs of their own:
-# they stay in `make test`).
+# suites, the in-process integration tests on one shared Spark session and the Nexmark
+# examples against their references (the Kafka tests need a broker JVM, the Spark Connect
+# and README-command tests JVMs of their own: they stay in `make test`).
 test-fast: bootstrap
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/contracts tests/integration \
-		--ignore=tests/integration/kafka -m "not kafka and not e2e"
+		tests/nexmark --ignore=tests/integration/kafka -m "not kafka and not e2e"
 
 # `sparkpoint chaos --storm` over 20 seeds (SEEDS=N to change) on a Delta sink with checkpoints
 # on an S3 API and on Kafka source and sink: every fault kind once per seed. The reports (runs,

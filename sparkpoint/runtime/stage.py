@@ -167,7 +167,7 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     def apply_subtask(batches):
         from pyspark import TaskContext
 
-        table = pa.Table.from_batches(list(batches), schema=in_schema)
+        table = _table_of(batches, in_schema)
         yield from task.run(order[TaskContext.get().partitionId()], table).to_batches()
 
     out = rows.mapInArrow(apply_subtask, from_arrow_schema(schema)).toArrow()
@@ -209,6 +209,16 @@ def _no_rows_per_subtask(spark, rows, parallelism: int):
             .select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in rows.schema.fields]))
 
 
+def _table_of(batches, schema: pa.Schema) -> pa.Table:
+    """The Arrow batches a mapInArrow task receives, as one table with `schema`'s fields,
+    all nullable. Which fields the batches mark NOT NULL is the optimized plan's business:
+    a filter on a column makes it NOT NULL there, while the DataFrame's schema, which
+    `schema` comes from, still says nullable."""
+    relaxed = pa.schema([f.with_nullable(True) for f in schema])
+    return pa.Table.from_batches([pa.RecordBatch.from_arrays(b.columns, schema=relaxed) for b in batches],
+                                 schema=relaxed)
+
+
 def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:
     if output.writer is None:
         out = output.map(df.toArrow())
@@ -224,7 +234,7 @@ def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:
     def write_partition(batches):
         from pyspark import TaskContext
 
-        table = pa.Table.from_batches(list(batches), schema=in_schema)
+        table = _table_of(batches, in_schema)
         part = TaskContext.get().partitionId()
         _, handles = output(epoch, part, table)
         info = json.dumps({**where_am_i(), "sink": handles})
