@@ -54,7 +54,7 @@ from sparkpoint.config import parse_duration_ms
 from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.executor.state import SubtaskState
 from sparkpoint.runtime.executor.storage import StorageRef
-from sparkpoint.runtime.executor.subtask import META_INFO, EpochTask, RestoreTask
+from sparkpoint.runtime.executor.subtask import META_INFO, EpochTask, RestoreTask, raise_restore_failure
 from sparkpoint.runtime.executor.store_opening import EpochInput
 from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.stage import split_meta
@@ -209,8 +209,10 @@ class ProcessorTester:
         # The runtime's restore step; it begins a new generation, so no local file of the
         # old tester is trusted.
         lineages = tester._lineages.for_tasks()
-        RestoreTask(tester._local.path, tester._storage, lineages,
-                    generation=tester._lineages.generation)(pa.table({SUBTASK_COL: pa.array([0], pa.int32())}))
+        done = RestoreTask(tester._local.path, tester._storage, lineages, generation=tester._lineages.generation)(
+            pa.table({SUBTASK_COL: pa.array([0], pa.int32())}))
+        _, meta = split_meta(done, pa.schema([]))
+        raise_restore_failure({0: json.loads(meta[0][META_INFO])})  # a damaged file: CorruptSnapshotError
         return tester
 
     def snapshot(self) -> TesterSnapshot:
