@@ -90,7 +90,6 @@ class PaneWindow(WindowOperator):
             at = np.flatnonzero(found)
             merged = records[at]
             self.aggregates.add(merged, old[at])
-            merged["late"] |= old["late"][at]
             # A fired window that gets rows fires again (its end has passed: this epoch).
             merged["fired"] = 0
             records[at] = merged

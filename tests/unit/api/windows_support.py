@@ -21,18 +21,20 @@ AGGS = ("count", "sum", "min", "max", "avg")
 
 
 def random_epochs(seed: int, *, epochs: int = 8, keys: str = "abc", rows: int = 25, span: int = 4_000,
-                  jitter: int = 16_000, gaps: list | None = None) -> list[pd.DataFrame]:
+                  jitter: int = 16_000, gaps: list | None = None, grain: int = 250) -> list[pd.DataFrame]:
     """Epochs of rows whose event times move forward by `span` per epoch but arrive up
-    to `jitter` ms out of order; integer-valued doubles (exact sums) and some nulls."""
+    to `jitter` ms out of order; integer-valued doubles (exact sums) and some nulls.
+    Event times are multiples of `grain`, so rows fall on window bounds and watermarks
+    (the edges where < and <= differ) often."""
     rnd = random.Random(seed)
     out = []
     for e in range(epochs):
-        ts = [max(0, e * span + rnd.randrange(-jitter, span)) for _ in range(rows)]
+        ts = [max(0, e * span + rnd.randrange(-jitter, span)) // grain * grain for _ in range(rows)]
         data = {"k": [rnd.choice(keys) for _ in ts], "ts": ts,
                 "v": [None if rnd.random() < 0.1 else float(rnd.randrange(-50, 100)) for _ in ts]}
         if gaps is not None:
             data["gap"] = [rnd.choice(gaps) for _ in ts]
-        out.append(pd.DataFrame(data).astype({"ts": "int64"}))
+        out.append(pd.DataFrame(data).astype({"ts": "int64", **({"gap": "Int64"} if gaps is not None else {})}))
     return out
 
 
@@ -149,7 +151,7 @@ def session_reference(epochs: list[pd.DataFrame], gap_of: Callable[[pd.Series], 
         for k, fresh in new.items():
             sessions = book.open.get(k, [])
             spans = sorted([(t, t + g, ("old", i), (t, g, v)) for i, s in enumerate(sessions) for t, g, v in s.rows]
-                           + [(t, t + g, ("new", 0), (t, g, v)) for t, g, v in fresh])
+                           + [(t, t + g, ("new", 0), (t, g, v)) for t, g, v in fresh], key=lambda span: span[:3])
             clusters, end = [], None
             for start, stop, origin, item in spans:  # rebuilt from the rows: overlapping or touching spans join
                 if end is None or start > end:
