@@ -89,3 +89,48 @@ def test_spark_partials_merged_across_epochs_equal_spark_batch_windows_and_the_r
     pd.testing.assert_frame_equal(got, run_raw(make_step, epochs), check_dtype=False)
     if spark_window is not None:  # Spark has no cumulate window; the tests against a brute-force reference cover it
         pd.testing.assert_frame_equal(got, spark_batch(spark, df, spark_window), check_dtype=False)
+
+
+@pytest.mark.parametrize("kind", ["sliding", "session"])
+def test_a_job_with_a_window_step_emits_each_window_once_as_spark_batch_computes_it(spark, tmp_path, kind: str) -> None:
+    """The runtime's own epochs (pre-aggregation with its carried columns, key groups,
+    watermark, final epoch) on a generated stream whose disorder stays within the
+    watermark's delay: every window once, equal to Spark's batch windows of all events."""
+    import pyarrow.dataset as ds
+
+    from sparkpoint import GeneratorSource, ParquetSink, Pipeline, Settings
+    from sparkpoint.connectors.base import SlicePlan, SourceContext
+    from sparkpoint.runtime.jobmaster import JobMaster
+    from sparkpoint.runtime.status import JobStatus
+
+    step, window = {
+        "sliding": (SlidingWindow("hop", ["key"], "ts", size=200, slide=50, aggs=AGGS, value_column="value"),
+                    lambda t: F.window(t, "200 milliseconds", "50 milliseconds")),
+        "session": (SessionWindow("sessions", ["key"], "ts", gap=15, aggs=AGGS, value_column="value"),
+                    lambda t: F.session_window(t, "15 milliseconds")),
+    }[kind]
+    source = GeneratorSource("ev", keys=30, total_events=12_000, max_records_per_epoch=3_000, disorder_ms=50)
+    pipeline = (Pipeline("windows").source(source).watermark("ts", "100 ms").stateful(step)
+                .sink(ParquetSink(str(tmp_path / "out"))))
+    settings = Settings.load(overrides={
+        "pipeline.name": "windows", "execution.checkpointing.dir": str(tmp_path / "chk"),
+        "state.local.dir": str(tmp_path / "state"), "execution.checkpointing.interval": "500 ms",
+        "sparkpoint.progress": False, "restart-strategy.type": "none"})
+    result = JobMaster(pipeline, settings, spark=spark).run()
+    assert result.status == JobStatus.FINISHED
+
+    out = ds.dataset(str(tmp_path / "out"), format="parquet", partitioning="hive",
+                     ignore_prefixes=["_", "."]).to_table().to_pandas()
+    assert not out["late"].any()
+    got = out[["key", "window_start", "window_end", *AGGS]].sort_values(["key", "window_start", "window_end"]) \
+        .reset_index(drop=True)
+    source.open(SourceContext(spark, "ref"))
+    events = source.read(SlicePlan({"0": 0, "1": 0}, {"0": 6_000, "1": 6_000})) \
+        .withColumn("t", F.timestamp_millis("ts"))
+    ref = events.groupBy("key", window(F.col("t")).alias("w")).agg(
+        F.count(F.lit(1)).alias("count"), F.sum("value").alias("sum"), F.min("value").alias("min"),
+        F.max("value").alias("max"), F.avg("value").alias("avg"))
+    ref = ref.select("key", F.unix_millis("w.start").alias("window_start"), F.unix_millis("w.end").alias("window_end"),
+                     *AGGS).toPandas().sort_values(["key", "window_start", "window_end"]).reset_index(drop=True)
+    assert len(ref) > 100
+    pd.testing.assert_frame_equal(got, ref, check_dtype=False)
