@@ -31,12 +31,16 @@ def epochs_of(df: pd.DataFrame, parts: int = 3) -> list[pd.DataFrame]:
     return [shuffled.iloc[i::parts].reset_index(drop=True) for i in range(parts)]
 
 
-def run_pre_aggregated(spark, make_step, epochs: list[pd.DataFrame]) -> pd.DataFrame:
-    """Each epoch reduced by the step's `pre_aggregate` in Spark, then applied; all fire at the end."""
+def run_pre_aggregated(spark, make_step, epochs: list[pd.DataFrame], time_type: str = "bigint") -> pd.DataFrame:
+    """Each epoch reduced by the step's `pre_aggregate` in Spark, then applied; all fire
+    at the end. With `time_type="timestamp"` the event time is a Spark TIMESTAMP."""
     step = make_step()
     tester = ProcessorTester(step)
     for rows in epochs:
         df = spark.createDataFrame(rows, "k string, ts bigint, v double, gap bigint")
+        if time_type == "timestamp":
+            df = df.withColumn("ts", F.timestamp_millis("ts"))
+        step.resolve_input_schema(df.limit(0).toArrow().schema)  # the driver's part: the time column's kind
         partials = step.pre_aggregate(df).toArrow()
         assert partials.num_rows < len(rows)  # Spark reduced the rows before state
         tester.process(partials)
@@ -51,7 +55,12 @@ def run_raw(make_step, epochs: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def canonical(df: pd.DataFrame) -> pd.DataFrame:
+    """Window bounds as epoch ms (timestamps in, timestamps out), rows in order."""
     cols = ["k", "window_start", "window_end", *AGGS]
+    df = df.copy()
+    for bound in ("window_start", "window_end"):
+        if pd.api.types.is_datetime64_any_dtype(df[bound]):
+            df[bound] = (df[bound] - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(milliseconds=1)
     return df[cols].sort_values(["k", "window_start", "window_end"]).reset_index(drop=True)
 
 
@@ -79,12 +88,14 @@ KINDS = {
 }
 
 
+@pytest.mark.parametrize("time_type", ["bigint", "timestamp"])
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_spark_partials_merged_across_epochs_equal_spark_batch_windows_and_the_raw_rows(spark, kind: str) -> None:
+def test_spark_partials_merged_across_epochs_equal_spark_batch_windows_and_the_raw_rows(spark, kind: str,
+                                                                                        time_type: str) -> None:
     make_step, spark_window = KINDS[kind]
     df = events()
     epochs = epochs_of(df)
-    got = run_pre_aggregated(spark, make_step, epochs)
+    got = run_pre_aggregated(spark, make_step, epochs, time_type)
     assert len(got) > 20
     pd.testing.assert_frame_equal(got, run_raw(make_step, epochs), check_dtype=False)
     if spark_window is not None:  # Spark has no cumulate window; the tests against a brute-force reference cover it
