@@ -3,6 +3,7 @@ every step boundary of its period, over randomized out-of-order epochs, in the t
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from windows_support import AGGS, cumulate_windows_of, fixed_reference, random_epochs, run_in_tester, stored_entries
 
@@ -13,9 +14,10 @@ from sparkpoint.testing import ProcessorTester
 DELAY = 2_000
 
 
-def cumulate(mode: str, lateness: int, step: int = 3_000, size: int = 12_000) -> CumulateWindow:
+def cumulate(mode: str, lateness: int, step: int = 3_000, size: int = 12_000,
+             value_type: str = "double") -> CumulateWindow:
     return CumulateWindow("cumulate", ["k"], "ts", step=step, size=size, aggs=AGGS, value_column="v",
-                          allowed_lateness=lateness, output_mode=mode)
+                          allowed_lateness=lateness, output_mode=mode, value_type=value_type)
 
 
 @pytest.mark.parametrize("step,size", [(3_000, 12_000), (5_000, 5_000)], ids=["four-steps", "one-step"])
@@ -33,6 +35,16 @@ def test_cumulate_windows_equal_a_brute_force_reference_and_a_restore_midway_cha
     restored, restored_dropped, _ = run_in_tester(lambda: cumulate(mode, lateness, step, size), epochs, DELAY,
                                                   snapshot_after=4)
     assert (restored, restored_dropped) == (out, dropped)
+
+
+@pytest.mark.parametrize("mode", ["final", "update"])
+def test_bigint_aggregates_equal_the_reference(mode: str) -> None:
+    epochs = random_epochs(seed=17, epochs=5)
+    expected, _ = fixed_reference(epochs, cumulate_windows_of(3_000, 12_000), DELAY, 3_000, mode)
+    out, _, tester = run_in_tester(lambda: cumulate(mode, 3_000, value_type="bigint"), epochs, DELAY)
+    assert out == expected
+    schema = tester.step.output_schema
+    assert [schema.field(a).type for a in ("sum", "min", "max", "avg")] == [pa.int64()] * 3 + [pa.float64()]
 
 
 def test_a_cumulate_window_runs_from_its_period_start_to_each_step() -> None:
