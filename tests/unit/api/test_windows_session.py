@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from windows_support import AGGS, random_epochs, run_in_tester, session_reference, stored_entries
+from windows_support import AGGS, random_epochs, run_in_subtasks, run_in_tester, session_reference, stored_entries
 
 from sparkpoint import SessionWindow
 from sparkpoint.errors import ConfigError
@@ -43,6 +43,14 @@ def test_sessions_equal_a_reference_rebuilt_from_the_rows_and_a_restore_midway_c
     restored, restored_dropped, _ = run_in_tester(lambda: session(mode, lateness, dynamic), epochs, DELAY,
                                                   snapshot_after=3)
     assert (restored, restored_dropped) == (out, dropped)
+
+
+@pytest.mark.parametrize("mode", ["final", "update"])
+def test_sessions_split_over_three_subtasks_equal_the_reference(tmp_path, mode: str) -> None:
+    """Each subtask fires and cleans up only its own key groups' sessions."""
+    epochs = random_epochs(seed=9, keys="abcdefgh", gaps=[500, 1_500, 4_000])
+    expected, _ = session_reference(epochs, gap_of(True), DELAY, 3_000, mode)
+    assert run_in_subtasks(tmp_path, session(mode, 3_000, dynamic=True), epochs, DELAY, parallelism=3) == expected
 
 
 def test_a_late_row_that_bridges_two_fired_sessions_fires_the_merged_session_marked_late() -> None:

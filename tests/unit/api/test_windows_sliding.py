@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from windows_support import AGGS, fixed_reference, random_epochs, run_in_tester, sliding_windows_of, stored_entries
+from windows_support import (AGGS, fixed_reference, random_epochs, run_in_subtasks, run_in_tester, sliding_windows_of,
+                             stored_entries)
 
 from sparkpoint import SlidingWindow
 from sparkpoint.errors import ConfigError
@@ -35,6 +36,14 @@ def test_sliding_windows_equal_a_brute_force_reference_and_a_restore_midway_chan
     restored, restored_dropped, _ = run_in_tester(lambda: sliding(mode, lateness, size, slide), epochs, DELAY,
                                                   snapshot_after=3)
     assert (restored, restored_dropped) == (out, dropped)
+
+
+@pytest.mark.parametrize("mode", ["final", "update"])
+def test_sliding_windows_split_over_three_subtasks_equal_the_reference(tmp_path, mode: str) -> None:
+    """Each subtask fires and cleans up only its own key groups' windows."""
+    epochs = random_epochs(seed=4, keys="abcdefgh")
+    expected, _ = fixed_reference(epochs, sliding_windows_of(10_000, 4_000), DELAY, 3_000, mode)
+    assert run_in_subtasks(tmp_path, sliding(mode, 3_000, 10_000, 4_000), epochs, DELAY, parallelism=3) == expected
 
 
 @pytest.mark.parametrize("mode", ["final", "update"])

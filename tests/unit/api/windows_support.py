@@ -223,3 +223,19 @@ def stored_entries(tester: ProcessorTester) -> list[bytes]:
     finally:
         state.store.discard_pending()
         state.close(keep=True)
+
+
+def run_in_subtasks(state_dir, step, epochs: list[pd.DataFrame], delay: int, parallelism: int) -> list[list[tuple]]:
+    """Each epoch's output over `parallelism` subtasks, each with its own store and key
+    groups (the runtime's worker step per subtask), then the end of input's."""
+    import pyarrow as pa
+    from operator_support import ctx, run_partitioned, with_key_groups
+
+    marks = watermarks(epochs, delay)
+    outputs = []
+    for e, rows in enumerate([*epochs, None]):
+        table = with_key_groups(pa.Table.from_pandas(rows if rows is not None else epochs[0].iloc[:0],
+                                                     preserve_index=False), ["k"])
+        context = ctx(e, None, final=True) if rows is None else ctx(e, marks[e])
+        outputs.append(as_rows(run_partitioned(state_dir, step, table, context, parallelism).to_pandas()))
+    return outputs
