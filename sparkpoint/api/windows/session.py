@@ -31,7 +31,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
-from sparkpoint.api.windows.aggs import P_COUNT
 from sparkpoint.api.windows.base import WindowOperator, duration_ms
 from sparkpoint.api.windows.state import Windows
 from sparkpoint.errors import ConfigError

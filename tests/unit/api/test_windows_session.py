@@ -64,7 +64,8 @@ def test_a_late_row_that_bridges_two_fired_sessions_fires_the_merged_session_mar
 
 
 def test_a_session_stays_marked_late_after_a_late_row_bridged_into_it_until_it_fires() -> None:
-    tester = ProcessorTester(SessionWindow("s", ["k"], "ts", gap="1 s", allowed_lateness="10 s"), watermark=("ts", 2_000))
+    tester = ProcessorTester(SessionWindow("s", ["k"], "ts", gap="1 s", allowed_lateness="10 s"),
+                             watermark=("ts", 2_000))
     tester.process([{"k": "a", "ts": 0}, {"k": "a", "ts": 2_000}, {"k": "b", "ts": 3_200}])
     # watermark 1200: [0, 1000) is behind it; [1000, 2000) joins it to [2000, 3000)
     assert tester.process([{"k": "a", "ts": 1_000}]).empty
