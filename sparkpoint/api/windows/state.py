@@ -25,6 +25,7 @@ from typing import Sequence
 import msgpack
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema
@@ -75,8 +76,7 @@ class WindowState:
 
     # -- keys -------------------------------------------------------------------------
     def state_keys(self, w: Windows) -> list[bytes]:
-        return [group_prefix(g, self.ns) + uk + encode_timestamp(s)
-                for g, uk, s in zip(w.groups, w.user_keys, w.suffixes.tolist())]
+        return _join([_groups(w.groups), self.ns, pa.array(w.user_keys, pa.binary()), _timestamps(w.suffixes)])
 
     def due_times(self, records: np.ndarray) -> np.ndarray:
         closing = records["end"] + self.lateness
@@ -85,8 +85,8 @@ class WindowState:
         return np.where(records["fired"] == 0, records["end"], closing)
 
     def _due_keys(self, w: Windows, due: np.ndarray) -> list[bytes]:
-        return [group_prefix(g, self.due_ns) + encode_timestamp(d) + uk + encode_timestamp(s)
-                for g, d, uk, s in zip(w.groups, due.tolist(), w.user_keys, w.suffixes.tolist())]
+        return _join([_groups(w.groups), self.due_ns, _timestamps(due), pa.array(w.user_keys, pa.binary()),
+                      _timestamps(w.suffixes)])
 
     # -- reads ------------------------------------------------------------------------
     def read(self, store, w: Windows) -> tuple[np.ndarray, np.ndarray]:
@@ -186,3 +186,26 @@ class WindowState:
                    *self.aggs.output_columns(r),
                    pa.array((r["late"] != 0) if late is None else late, type=pa.bool_())]
         return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+# -- keys built column-wise (state/keys.py's layout): an epoch builds ~100k of them ------
+def _fixed(raw: bytes, width: int, n: int) -> pa.Array:
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(raw)]).cast(pa.binary())
+
+
+def _groups(groups: list[int]) -> pa.Array:
+    return _fixed(np.asarray(groups, dtype=">u2").tobytes(), 2, len(groups))
+
+
+def _timestamps(ts: np.ndarray) -> pa.Array:
+    """`encode_timestamp` of each value."""
+    raw = (np.asarray(ts, dtype=np.int64).view(np.uint64) ^ np.uint64(1 << 63)).astype(">u8").tobytes()
+    return _fixed(raw, 8, len(ts))
+
+
+def _join(parts: list[pa.Array | bytes]) -> list[bytes]:
+    if not len(parts[0]):
+        return []
+    joined = pc.binary_join_element_wise(*[pa.scalar(p, pa.binary()) if isinstance(p, bytes) else p for p in parts],
+                                         pa.scalar(b"", pa.binary()))
+    return joined.to_numpy(zero_copy_only=False).tolist()
