@@ -10,11 +10,14 @@ from sparkpoint.spark_version import require_supported_pyspark
 require_supported_pyspark()
 
 from sparkpoint.api import (  # noqa: E402
+    CumulateWindow,
     ExpiredTimerInfo,
     KeyedAggregate,
     ListState,
     MapState,
     ProcessorOperator,
+    SessionWindow,
+    SlidingWindow,
     StatefulProcessor,
     StatefulProcessorHandle,
     TimerValues,
@@ -59,6 +62,6 @@ def __getattr__(name: str):
 __all__ = [
     "run", "Pipeline", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "DeltaSink", "KafkaSource",
     "KafkaSink", "KeyedAggregate",
-    "TumblingWindow", "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState",
-    "MapState", "TimerValues", "ExpiredTimerInfo", "read_state", "read_timers",
+    "TumblingWindow", "SlidingWindow", "SessionWindow", "CumulateWindow", "ProcessorOperator", "StatefulProcessor",
+    "StatefulProcessorHandle", "ValueState", "ListState", "MapState", "TimerValues", "ExpiredTimerInfo", "read_state", "read_timers",
 ]

@@ -4,8 +4,9 @@ from sparkpoint.api.aggregate import KeyedAggregate
 from sparkpoint.api.processor import (ExpiredTimerInfo, ListState, MapState, ProcessorOperator, StatefulProcessor,
                                       StatefulProcessorHandle, TimerValues, ValueState)
 from sparkpoint.api.window import TumblingWindow
+from sparkpoint.api.windows import CumulateWindow, SessionWindow, SlidingWindow
 
 __all__ = [
-    "KeyedAggregate", "TumblingWindow", "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle",
-    "ValueState", "ListState", "MapState", "TimerValues", "ExpiredTimerInfo",
+    "KeyedAggregate", "TumblingWindow", "SlidingWindow", "SessionWindow", "CumulateWindow", "ProcessorOperator",
+    "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState", "MapState", "TimerValues", "ExpiredTimerInfo",
 ]
