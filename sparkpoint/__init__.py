@@ -11,15 +11,18 @@ require_supported_pyspark()
 
 from sparkpoint.api import (  # noqa: E402
     ExpiredTimerInfo,
+    IntervalJoin,
     KeyedAggregate,
     ListState,
     MapState,
     ProcessorOperator,
     StatefulProcessor,
     StatefulProcessorHandle,
+    StreamJoin,
     TimerValues,
     TumblingWindow,
     ValueState,
+    WindowJoin,
 )
 from sparkpoint.api import pipeline as _pipeline  # noqa: E402
 from sparkpoint.api.pipeline import Pipeline  # noqa: E402
@@ -58,7 +61,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "run", "Pipeline", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "DeltaSink", "KafkaSource",
-    "KafkaSink", "KeyedAggregate",
+    "KafkaSink", "KeyedAggregate", "IntervalJoin", "WindowJoin", "StreamJoin",
     "TumblingWindow", "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState",
     "MapState", "TimerValues", "ExpiredTimerInfo", "read_state", "read_timers",
 ]
