@@ -27,13 +27,19 @@ LEFT_SCHEMA = pa.schema([("id", pa.int64()), ("k2", pa.string()), ("ts", pa.int6
 RIGHT_SCHEMA = pa.schema([("id", pa.int64()), ("k2", pa.string()), ("ts", pa.int64()), ("w", pa.float64())])
 
 
+def _on_grid(rng: random.Random, t: int) -> int:
+    """Half the times land on multiples of 50 (window bounds, interval ends), where
+    off-by-one mistakes show."""
+    return t - t % 50 if rng.random() < 0.5 else t
+
+
 def random_rows(rng: random.Random, n: int, side: str, start: int, span: int) -> list[dict]:
     rows = []
     for i in range(n):
         row: dict[str, Any] = {
             "id": None if rng.random() < 0.05 else rng.randrange(5),
             "k2": rng.choice(["a", "b"]),
-            "ts": None if rng.random() < 0.03 else start + rng.randrange(span),
+            "ts": None if rng.random() < 0.03 else _on_grid(rng, start + rng.randrange(span)),
         }
         if side == "left":
             row["v"] = f"l{start}-{i}"
@@ -62,7 +68,7 @@ def random_plan(rng: random.Random, epochs: int = 7, per_epoch: int = 12, step: 
         if seen:
             max_ts = max([*seen, *([max_ts] if max_ts is not None else [])])
         if max_ts is not None and rng.random() < 0.8:
-            proposed = max_ts - rng.randrange(step)
+            proposed = _on_grid(rng, max_ts - rng.randrange(step))
             if watermark is None or proposed > watermark:
                 watermark = proposed
                 plan.append(("watermark", watermark))
