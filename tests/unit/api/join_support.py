@@ -73,7 +73,7 @@ def random_plan(rng: random.Random, epochs: int = 7, per_epoch: int = 12, step: 
                 watermark = proposed
                 plan.append(("watermark", watermark))
         if with_time and rng.random() < 0.7:
-            now += rng.randrange(3 * step)
+            now += 50 * rng.randrange(7)  # on a grid, so a TTL runs out exactly at some epochs
             plan.append(("time", now))
     return plan
 
