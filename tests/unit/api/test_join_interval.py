@@ -2,14 +2,18 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from join_support import (LEFT_SCHEMA, RIGHT_SCHEMA, arrivals, as_counters, combined, epochs_of, random_plan, run,
-                          state_entries, table)
+from join_support import (LEFT_SCHEMA, RIGHT_SCHEMA, arrivals, as_counters, combined, epochs_of, normalized,
+                          random_plan, run, state_entries, table)
+from operator_support import MAX_PARALLELISM, ctx, run_partitioned, store_path, with_key_groups
 
 from sparkpoint import IntervalJoin
 from sparkpoint.errors import ConfigError
+from sparkpoint.state.keys import META_PREFIX, key_group_range
+from sparkpoint.state.store import SubtaskStateStore
 from sparkpoint.testing.harness import ProcessorTester
 
 LEFT_COLS = ["id", "k2", "ts", "v"]
@@ -203,3 +207,36 @@ def test_lower_and_upper_take_signed_durations() -> None:
     op = IntervalJoin("j", "id", "id", "ts", "ts", "-15 min", "2 s")
     assert (op.lower, op.upper) == (-900_000, 2_000)
     assert op.requires_event_time and op.input_arity == 2
+
+
+@pytest.mark.parametrize("how", ["left", "right"])
+def test_at_parallelism_3_each_subtask_keeps_and_cleans_up_only_its_own_key_groups(tmp_path: Path, how: str) -> None:
+    """Through the runtime's worker step, split by subtask as Spark splits it: the output
+    is the reference's, and each subtask's store holds only its key-group range (the
+    ranges a rescale hands to other subtasks)."""
+    rng = random.Random(f"subtasks/{how}")
+    lower, upper = -50, 80
+    plan = random_plan(rng) + [("watermark", 10**9)]
+    op = IntervalJoin("j", ["id", "k2"], ["id", "k2"], "ts", "ts", lower, upper, how)
+    expected, dropped = reference(plan, lower, upper, how, ["id", "k2"], ["id", "k2"], ("id", "k2"), RIGHT_COLS)
+    epochs = epochs_of(plan)
+    got = []
+    held = 0
+    for e, step in enumerate(plan):
+        left, right = (step[1], step[2]) if step[0] == "rows" else ([], [])
+        rows = with_key_groups(op.tag_rows(table(left, LEFT_SCHEMA), table(right, RIGHT_SCHEMA)), op.key_columns)
+        out = run_partitioned(tmp_path, op, rows, ctx(e, epochs[e]["watermark"]), 3)
+        got.append(normalized(out.to_pandas()))
+        for s in range(3):
+            with SubtaskStateStore.open(store_path(tmp_path, op, s)) as store:
+                groups = {int.from_bytes(k[:2], "big") for k, _ in store.scan_range(b"", META_PREFIX)}
+                assert groups <= set(key_group_range(s, 3, MAX_PARALLELISM))
+                held += len(groups)
+    assert held > 0, "no subtask ever held state: the check above proves nothing"
+    assert as_counters(got) == expected
+    total_dropped = 0
+    for s in range(3):
+        with SubtaskStateStore.open(store_path(tmp_path, op, s)) as store:
+            total_dropped += op.dropped_count(store)
+            assert list(store.scan_range(b"", META_PREFIX)) == []
+    assert total_dropped == dropped
