@@ -348,11 +348,16 @@ class _Join(StatefulOperator):
 
     def _decode(self, side: int, values: Iterable[bytes], trailing: int = 0) -> pa.Table:
         stored = self._stored_side(side)
+        # A row met by several rows is in `values` once per pair: decoded once.
+        unique: dict[bytes, int] = {}
+        order = [unique.setdefault(v, len(unique)) for v in values]
         batches = []
-        for v in values:
+        for v in unique:
             buf = pa.py_buffer(v)
             batches.append(pa.ipc.read_record_batch(buf.slice(0, len(v) - trailing) if trailing else buf, stored))
         table = pa.Table.from_batches(batches, stored) if batches else stored.empty_table()
+        if len(unique) < len(order):
+            table = table.take(pa.array(order, pa.int64()))
         return self._cast(table, self._side_schema(side), side)
 
     def _cast(self, table: pa.Table, schema: pa.Schema, side: int) -> pa.Table:
@@ -460,8 +465,11 @@ class IntervalJoin(_Join):
         """Join `side`'s new rows with the other side's buffered rows, then buffer them."""
         other = 1 - side
         lo, hi = self._partner_offsets(side)
-        out = []
         matched = np.zeros(new.rows.num_rows, dtype=bool)
+        # The epoch's pairs, gathered over all keys so the rows are decoded and joined
+        # once (Arrow calls per key would cost more than the matching).
+        mine_idx: list[int] = []
+        their_values: list[bytes] = []
         flag_keys: list[bytes] = []
         flag_values: list[bytes] = []
         for (group, user_key), idx in new.by_key(live).items():
@@ -472,26 +480,27 @@ class IntervalJoin(_Join):
             if not entries:
                 continue
             theirs = np.array([decode_timestamp(k[len(prefix):]) for k, _ in entries], dtype=np.int64)
-            mine_idx, their_idx = [], []
+            hit = set()
             for i, t in zip(idx, times):
                 js = np.flatnonzero((theirs >= t + lo) & (theirs <= t + hi))
-                mine_idx += [i] * len(js)
-                their_idx += js.tolist()
-            if not their_idx:
-                continue
-            matched[np.unique(mine_idx)] = True
-            buffered = self._decode(other, (v for _, v in entries), trailing=1)
-            mine_rows = new.rows.take(pa.array(mine_idx, pa.int64()))
-            their_rows = buffered.take(pa.array(their_idx, pa.int64()))
-            out.append(self._joined(mine_rows, their_rows) if side == LEFT else self._joined(their_rows, mine_rows))
-            if self._outer(other):  # the buffered rows have their partner now
-                for j in np.unique(their_idx):
+                if len(js):
+                    matched[i] = True
+                    mine_idx += [i] * len(js)
+                    their_values += [entries[j][1] for j in js]
+                    hit.update(js.tolist())
+            if self._outer(other):  # those buffered rows have their partner now
+                for j in sorted(hit):
                     key, value = entries[j]
                     if value[-1:] == _UNMATCHED:
                         flag_keys.append(key)
                         flag_values.append(value[:-1] + _MATCHED)
         if flag_keys:
             store.put_many(flag_keys, flag_values)
+        out = []
+        if mine_idx:
+            mine_rows = new.rows.take(pa.array(mine_idx, pa.int64()))
+            their_rows = self._decode(other, their_values, trailing=1)
+            out.append(self._joined(mine_rows, their_rows) if side == LEFT else self._joined(their_rows, mine_rows))
         idx = np.flatnonzero(live)
         if len(idx):
             values = self._encode(side, new.rows.take(pa.array(idx, pa.int64())))
@@ -628,8 +637,9 @@ class WindowJoin(_Join):
             found = store.scan_prefix(prefix) if watermark is None else \
                 store.scan_range(prefix, prefix + encode_timestamp(watermark + 1))
             due += [(g, key, key[len(prefix):]) for key, _ in found]
-        out = []
         doomed: list[bytes] = []
+        values: tuple[list[bytes], list[bytes]] = ([], [])
+        starts: list[int] = []
         for g, fire_key, rest in due:
             end, user_key = decode_timestamp(rest[:_TS_LEN]), rest[_TS_LEN:]
             start = end - self.size_ms
@@ -639,17 +649,17 @@ class WindowJoin(_Join):
                 doomed += [k for k, _ in entries]
                 found.append([v for _, v in entries])
             doomed.append(fire_key)
-            n_left, n_right = len(found[0]), len(found[1])
-            if not n_left or not n_right:
-                continue
-            left = self._decode(LEFT, found[0]).take(pa.array(np.repeat(np.arange(n_left), n_right)))
-            right = self._decode(RIGHT, found[1]).take(pa.array(np.tile(np.arange(n_right), n_left)))
-            n = n_left * n_right
-            kind = self._time_kinds[0]
-            out.append(self._joined(left, right, [event_time.arrow_from_ms(np.full(n, start), kind),
-                                                  event_time.arrow_from_ms(np.full(n, end), kind)]))
+            for left_value in found[0]:  # every pair of the window
+                values[LEFT].extend([left_value] * len(found[1]))
+                values[RIGHT].extend(found[1])
+                starts.extend([start] * len(found[1]))
         store.delete_many(doomed)
-        return out
+        if not starts:
+            return []
+        kind = self._time_kinds[0]
+        at = np.array(starts, dtype=np.int64)
+        return [self._joined(self._decode(LEFT, values[LEFT]), self._decode(RIGHT, values[RIGHT]),
+                             [event_time.arrow_from_ms(at, kind), event_time.arrow_from_ms(at + self.size_ms, kind)])]
 
 
 class StreamJoin(_Join):
@@ -691,15 +701,18 @@ class StreamJoin(_Join):
 
     def _arrive(self, store, side: int, new: _Arrivals, now: int) -> list[pa.Table]:
         other = 1 - side
-        out = []
+        mine_idx: list[int] = []
+        their_values: list[bytes] = []
         for (group, user_key), idx in new.by_key(new.has_key).items():
-            entries = list(store.scan_prefix(group_prefix(group, self._ns[other]) + user_key))
-            if not entries:
-                continue
-            n_mine, n_theirs = len(idx), len(entries)
-            mine = new.rows.take(pa.array(np.repeat(idx, n_theirs), pa.int64()))
-            theirs = self._decode(other, [v for _, v in entries]).take(pa.array(np.tile(np.arange(n_theirs), n_mine)))
-            out.append(self._joined(mine, theirs) if side == LEFT else self._joined(theirs, mine))
+            theirs = [v for _, v in store.scan_prefix(group_prefix(group, self._ns[other]) + user_key)]
+            for i in idx:
+                mine_idx += [i] * len(theirs)
+                their_values += theirs
+        out = []
+        if mine_idx:
+            mine = new.rows.take(pa.array(mine_idx, pa.int64()))
+            theirs_rows = self._decode(other, their_values)
+            out.append(self._joined(mine, theirs_rows) if side == LEFT else self._joined(theirs_rows, mine))
         idx = np.flatnonzero(new.has_key)
         if len(idx):
             values = self._encode(side, new.rows.take(pa.array(idx, pa.int64())))
