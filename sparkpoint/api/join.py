@@ -479,17 +479,20 @@ class IntervalJoin(_Join):
                                             prefix + encode_timestamp(times.max() + hi + 1)))
             if not entries:
                 continue
+            # The scan returns the key's rows in time order: each new row's partners are
+            # one contiguous run of them.
             theirs = np.array([decode_timestamp(k[len(prefix):]) for k, _ in entries], dtype=np.int64)
-            hit = set()
-            for i, t in zip(idx, times):
-                js = np.flatnonzero((theirs >= t + lo) & (theirs <= t + hi))
-                if len(js):
-                    matched[i] = True
-                    mine_idx += [i] * len(js)
-                    their_values += [entries[j][1] for j in js]
-                    hit.update(js.tolist())
+            first = np.searchsorted(theirs, times + lo, "left")
+            counts = np.searchsorted(theirs, times + hi, "right") - first
+            total = int(counts.sum())
+            if not total:
+                continue
+            matched[np.asarray(idx)[counts > 0]] = True
+            mine_idx += np.repeat(idx, counts).tolist()
+            js = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(first, counts)
+            their_values += [entries[j][1] for j in js]
             if self._outer(other):  # those buffered rows have their partner now
-                for j in sorted(hit):
+                for j in np.unique(js):
                     key, value = entries[j]
                     if value[-1:] == _UNMATCHED:
                         flag_keys.append(key)
