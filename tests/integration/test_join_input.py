@@ -59,3 +59,17 @@ def test_a_window_join_reads_the_same_tagged_input(spark) -> None:
     out = tester.finish()
     assert sorted(out[["page", "ad", "window_start", "window_end"]].values.tolist()) == \
         [["a", "x", 0, 10], ["a", "y", 0, 10]]
+
+
+def test_prepare_input_refuses_a_missing_key_or_a_bad_time_column_in_one_line(spark) -> None:
+    import pytest
+
+    from sparkpoint.errors import ConfigError
+
+    left = spark.createDataFrame([(1, "2026-01-01")], "id BIGINT, ts STRING")
+    right = spark.createDataFrame([(1, 5)], "rid BIGINT, ts BIGINT")
+    with pytest.raises(ConfigError, match=r"IntervalJoin 'j': right key column\(s\) \['id'\] are not in the right "
+                                          r"input \(its columns: \['rid', 'ts'\]\)"):
+        IntervalJoin("j", "id", "id", "ts", "ts", 0, 1).prepare_input(left, right)
+    with pytest.raises(ConfigError, match=r"IntervalJoin 'j' left time: event-time column 'ts' is string"):
+        IntervalJoin("j", "id", "rid", "ts", "ts", 0, 1).prepare_input(left, right)
