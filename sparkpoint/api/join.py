@@ -118,7 +118,6 @@ class _Join(StatefulOperator):
     requires_event_time = False
     _kind = "join"
     _hows: tuple[str, ...] = ("inner",)
-    _extra_fields: tuple[str, ...] = ()
 
     def __init__(self, name: str, left_on: str | Sequence[str], right_on: str | Sequence[str],
                  how: str, suffixes: Sequence[str], times: tuple[str | None, str | None] = (None, None)):

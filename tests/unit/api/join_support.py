@@ -89,7 +89,8 @@ def normalized(df: pd.DataFrame) -> list[tuple]:
 
 
 def run(make_op: Callable[[], Any], plan: list[tuple], *, restore_at: int | None = None,
-        left_schema: pa.Schema = LEFT_SCHEMA, right_schema: pa.Schema = RIGHT_SCHEMA) -> tuple[list[list[tuple]], ProcessorTester]:
+        left_schema: pa.Schema = LEFT_SCHEMA,
+        right_schema: pa.Schema = RIGHT_SCHEMA) -> tuple[list[list[tuple]], ProcessorTester]:
     """Each harness epoch's output rows; with `restore_at`, the state is snapshotted
     after that many epochs and the rest runs in a fresh harness restored from it, with
     a fresh operator (nothing carried in Python)."""
