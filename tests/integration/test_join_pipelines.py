@@ -85,3 +85,37 @@ def test_a_stream_join_and_a_window_join_in_a_pipeline_equal_the_pandas_answer(s
     same_window = both.ts // 10_000 == both.ts_right // 10_000
     assert sorted(got.order_id) == sorted(both[same_window].order_id)
     assert (got.window_end - got.window_start == 10_000).all()
+
+
+def test_a_left_interval_join_killed_mid_run_and_restored_at_another_parallelism_commits_exactly_once(
+        spark, tmp_path: Path) -> None:
+    from sparkpoint.runtime.status import JobStatus
+    from tests.inprocess import CrashPoint, restart, start
+
+    if not hasattr(Pipeline, "read"):
+        pytest.skip("needs the pipeline graph API (Pipeline.read, Stream.join)")
+    orders, payments = write_input(tmp_path / "in")
+
+    def pipeline() -> Pipeline:
+        p = Pipeline("paid-rescaled")
+        streams = [p.read(FileSource(str(tmp_path / "in" / d), schema=s, bounded=True, max_files_per_epoch=1,
+                                     name=d)).watermark("ts", "2 s") for d, s in (("orders", ORDERS),
+                                                                                 ("payments", PAYMENTS))]
+        streams[0].join(streams[1], IntervalJoin("paid", "order_id", "order_id", "ts", "ts", 0, "10 s",
+                                                 how="left")) \
+            .sink(ParquetSink(str(tmp_path / "out"), name="joined"))
+        return p
+
+    fast = {"execution.checkpointing.interval": "200 ms"}
+    first = start(pipeline(), job_settings(tmp_path, "paid-rescaled", **fast, **{"parallelism.default": 2}), spark,
+                  crash_at=CrashPoint.after_epoch(2)).wait_crashed()
+    second = restart(first, pipeline(), spark,
+                     settings=job_settings(tmp_path, "paid-rescaled", **fast, **{"parallelism.default": 3}))
+    result = second.wait()
+    assert result.status is JobStatus.FINISHED, second.tail()
+    assert second.job.restored_from is not None, "the second run restored a checkpoint of the first"
+    got = read_output(tmp_path / "out").to_pandas()
+    both = orders.merge(payments, on="order_id", how="left", suffixes=("", "_right"))
+    within = (both.ts_right - both.ts).between(0, 10_000)
+    assert sorted(got.order_id) == sorted(orders.order_id), "every order exactly once, paid or not"
+    assert sorted(got[got.ts_right.notna()].order_id) == sorted(both[within].order_id)
