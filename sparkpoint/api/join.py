@@ -303,6 +303,7 @@ class _Join(StatefulOperator):
         bytes), so a restored operator that has not seen rows yet reads them too."""
         if self._input is None and LEFT_COL in rows.column_names:
             self.resolve_input_schema(rows.schema)
+        self.keys.ensure(store, rows)  # the key types, where every keyed step records them for the state reader
         raw = store.get_meta(_INPUT_SCHEMA_META)
         if raw is not None:
             self._stored = pa.ipc.read_schema(pa.py_buffer(raw))
