@@ -12,6 +12,7 @@ require_supported_pyspark()
 from sparkpoint.api import (  # noqa: E402
     CumulateWindow,
     ExpiredTimerInfo,
+    IntervalJoin,
     KeyedAggregate,
     ListState,
     MapState,
@@ -20,9 +21,11 @@ from sparkpoint.api import (  # noqa: E402
     SlidingWindow,
     StatefulProcessor,
     StatefulProcessorHandle,
+    StreamJoin,
     TimerValues,
     TumblingWindow,
     ValueState,
+    WindowJoin,
 )
 from sparkpoint.api import pipeline as _pipeline  # noqa: E402
 from sparkpoint.api.pipeline import Pipeline  # noqa: E402
@@ -61,7 +64,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "run", "Pipeline", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "DeltaSink", "KafkaSource",
-    "KafkaSink", "KeyedAggregate",
+    "KafkaSink", "KeyedAggregate", "IntervalJoin", "WindowJoin", "StreamJoin",
     "TumblingWindow", "SlidingWindow", "SessionWindow", "CumulateWindow", "ProcessorOperator", "StatefulProcessor",
-    "StatefulProcessorHandle", "ValueState", "ListState", "MapState", "TimerValues", "ExpiredTimerInfo", "read_state", "read_timers",
+    "StatefulProcessorHandle", "ValueState", "ListState", "MapState", "TimerValues", "ExpiredTimerInfo", "read_state",
+    "read_timers",
 ]
