@@ -158,7 +158,7 @@ class RestoreSteps:
         for name, lineages in self.lineages_of.items():
             old = by_step.get(name)
             if not old:  # a step new in the graph starts empty
-                lineages.reset_empty()
+                lineages.reset_empty(int(job["epoch"]))
                 log.info("job %s: step %s has no state in %s; it starts empty", self.job_name, name, what)
                 continue
             self._check_max_parallelism(old, savepoint or f"checkpoint {data.checkpoint_id}")

@@ -125,7 +125,7 @@ def test_a_renamed_step_stops_the_restore_with_one_line_naming_it_unless_its_sta
     settings = job_settings(tmp_path, name, **{"execution.checkpointing.interval": "200 ms"})
     first = start(graph(name, tmp_path / "in", out), settings, spark,
                   crash_at=CrashPoint.after_metadata(1)).wait_crashed()
-    assert first.job.coordinator.completed_store.latest() is not None
+    assert list((tmp_path / "checkpoints" / name).glob("chk-*/_metadata")), "a checkpoint completed"
 
     renamed = graph(name, tmp_path / "in", out, revenue_step="revenue_v2")
     refused = restart(first, renamed, spark)
@@ -148,3 +148,24 @@ def test_a_renamed_step_stops_the_restore_with_one_line_naming_it_unless_its_sta
     assert len(pairs) == len(expected(frames)[0]) and not pairs.duplicated("key").any()
     assert "revenue_v2" in {k.split(":")[1].split("/")[0] for k in
                             dropped.coordinator.completed_store.latest().handles if k.startswith("state:")}
+
+
+def _linear(name: str, root: Path, out: Path, step: str) -> Pipeline:
+    return (Pipeline(name).source(FileSource(str(root / "orders_a"), schema=ORDERS, bounded=True,
+                                             max_files_per_epoch=1, name="orders"))
+            .stateful(KeyedAggregate(step, ["customer"], "amount", ("count", "sum"), value_type="bigint"))
+            .sink(ParquetSink(str(out))))
+
+
+def test_a_renamed_step_of_a_linear_pipeline_is_named_not_reported_as_corrupt_state(spark, tmp_path):
+    """Before steps were checked by name, this restore found no state under the new name and
+    called the checkpoint corrupt ("does not cover every key group"), then refused every
+    checkpoint in turn."""
+    write_input(tmp_path / "in")
+    out, name = tmp_path / "out", "linear-rename"
+    first = start(_linear(name, tmp_path / "in", out, "totals"), job_settings(tmp_path, name), spark,
+                  crash_at=CrashPoint.after_metadata(1)).wait_crashed()
+    renamed = restart(first, _linear(name, tmp_path / "in", out, "totals_by_customer"), spark)
+    with pytest.raises(ConfigError, match=r"^checkpoint 1 holds the state of step 'totals', which the pipeline no "
+                                          r"longer has .*--allow-non-restored-state"):
+        renamed.wait()
