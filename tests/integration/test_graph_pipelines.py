@@ -9,6 +9,9 @@ customer equal to that customer's totals, with no (epoch, customer) twice."""
 from __future__ import annotations
 
 import json
+import shutil
+import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -29,18 +32,19 @@ PAYMENTS = "order_id BIGINT, method STRING"
 FILES = 6
 
 
-def write_input(root: Path) -> dict[str, pd.DataFrame]:
+def write_input(root: Path, files_per_source: int = 0) -> dict[str, pd.DataFrame]:
     """Orders split over two directories (even ids in orders_a/, odd in orders_b/), and
     payments for two thirds of them: some in the same file number as their order, some
     one file later (so a pair meets across epochs, in join state)."""
+    n = files_per_source or FILES
     frames: dict[str, list[dict]] = {"orders_a": [], "orders_b": [], "payments": []}
-    files: dict[str, list[list[dict]]] = {k: [[] for _ in range(FILES)] for k in frames}
-    for i in range(FILES * 40):
+    files: dict[str, list[list[dict]]] = {k: [[] for _ in range(n)] for k in frames}
+    for i in range(n * 40):
         f = i // 40
         files["orders_a" if i % 2 == 0 else "orders_b"][f].append(
             {"order_id": i, "customer": f"c{i % 7}", "amount": (i * 37) % 101})
         if i % 3:
-            files["payments"][min(FILES - 1, f + i % 3 - 1)].append({"order_id": i, "method": "card" if i % 4 else "cash"})
+            files["payments"][min(n - 1, f + i % 3 - 1)].append({"order_id": i, "method": "card" if i % 4 else "cash"})
     for name, parts in files.items():
         (root / name).mkdir(parents=True, exist_ok=True)
         for f, rows in enumerate(parts):
@@ -62,7 +66,7 @@ def expected(frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFram
     return pairs[["key", "customer", "amount", "method"]].sort_values("key").reset_index(drop=True), revenue
 
 
-def graph(name: str, root: Path, out: Path, revenue_step: str = "revenue") -> Pipeline:
+def graph(name: str, root: Path, out: Path, revenue_step: str = "revenue", pace_s: float = 0.0) -> Pipeline:
     p = Pipeline(name)
 
     def files(directory: str, schema: str) -> FileSource:
@@ -71,6 +75,8 @@ def graph(name: str, root: Path, out: Path, revenue_step: str = "revenue") -> Pi
 
     orders = p.read(files("orders_a", ORDERS)).union(p.read(files("orders_b", ORDERS)))
     payments = p.read(files("payments", PAYMENTS))
+    if pace_s:  # the driver builds each epoch's plan through this step: epochs take at least pace_s
+        payments = payments.transform(lambda df: (time.sleep(pace_s), df)[1])
     matched = orders.join(payments, InnerJoin("matched", "order_id", ["customer", "amount"], ["method"]))
     matched.sink(ParquetSink(str(out / "matched"), name="matched"))
     (matched.transform(lambda df: df.selectExpr("customer", "cast(amount as bigint) as amount"))
@@ -169,3 +175,33 @@ def test_a_renamed_step_of_a_linear_pipeline_is_named_not_reported_as_corrupt_st
     with pytest.raises(ConfigError, match=r"^checkpoint 1 holds the state of step 'totals', which the pipeline no "
                                           r"longer has .*--allow-non-restored-state"):
         renamed.wait()
+
+
+def test_a_savepoint_of_a_two_step_graph_restored_at_another_parallelism_gives_the_unstopped_output(
+        spark, tmp_path):
+    frames = write_input(tmp_path / "in", files_per_source=12)
+    out, name = tmp_path / "out", "graph-savepoint"
+    first = JobMaster(graph(name, tmp_path / "in", out, pace_s=0.3),
+                      job_settings(tmp_path, name, **{"parallelism.default": 2}), spark=spark)
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("result", first.run()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (first.epoch >= 3 and first.coordinator.stats.snapshot().get("completed", 0) >= 1):
+        assert thread.is_alive() and time.monotonic() < deadline, "the first run ended before its savepoint"
+        time.sleep(0.05)
+    savepoint = first.stop(savepoint=True).result(120)
+    thread.join(120)
+    assert outcome["result"].status is JobStatus.FINISHED
+    assert first.epoch < 12, "stopped before the input ended"
+    moved = tmp_path / "moved-savepoint"  # savepoints are self-contained
+    shutil.copytree(savepoint, moved)
+    shutil.rmtree(savepoint)
+
+    second = JobMaster(graph(name, tmp_path / "in", out),
+                       job_settings(tmp_path, name, **{"parallelism.default": 3,
+                                                        "execution.state-recovery.path": str(moved)}), spark=spark)
+    assert second.run().status is JobStatus.FINISHED
+    handles = second.coordinator.completed_store.latest().handles
+    assert {f"state:{step}/{i}" for step in ("matched", "revenue") for i in range(3)} <= set(handles)
+    assert_exactly_once(out, frames)
