@@ -45,7 +45,7 @@ class InnerJoin(ProcessorOperator):
                  requires_event_time: bool = False):
         self.requires_event_time = requires_event_time
         self.left_cols, self.right_cols, self.key = list(left_cols), list(right_cols), key
-        schema = ", ".join([f"key STRING"] + [f"{c} STRING" for c in left_cols + right_cols])
+        schema = ", ".join(["key STRING"] + [f"{c} STRING" for c in left_cols + right_cols])
         super().__init__(name, lambda: _MatchOnce(self.left_cols, self.right_cols), ["key"], schema)
 
     def prepare_input(self, left, right):

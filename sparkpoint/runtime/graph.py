@@ -71,9 +71,6 @@ class JobGraph:
                 graph.staged[base.name] = sink
         return graph
 
-    def watermark_of(self, node: Node) -> WatermarkNode | None:
-        return node if isinstance(node, WatermarkNode) else None
-
     def single_consumer(self, node: Node) -> Node | None:
         found = self.consumers.get(node) or []
         return found[0] if len(found) == 1 else None

@@ -1,17 +1,22 @@
 """The driver: job status, the epoch loop, checkpoints beside it, failover.
 
-One epoch, on the main thread:
+The pipeline is a graph (runtime/graph.py): named sources, plain steps, stateful steps
+and sinks. One epoch runs the whole graph once, on the main thread (`_run_one_epoch`):
   1. take the barriers triggered since the last boundary (the coordinator's timer
      thread injects them); the barrier sits at the END of this epoch;
-  2. plan a bounded slice per source split, read it, run the stateless steps and the
-     stateful step in Spark. On the executors each subtask brings its local RocksDB
+  2. plan a bounded slice of every source, and fix each stateful step's watermark;
+  3. read the slices and run the graph in Spark (runtime/graph_epoch.py), each stateful
+     step its own Spark job. On the executors each subtask brings its local RocksDB
      store to the epoch (or rebuilds it from checkpoint storage), applies its rows in
      one vectorized call, writes the epoch's change log to checkpoint storage and
-     stages its output through the sink's executor-side writer. Back on the driver
-     come only small handles: change logs, snapshots, staged files (Lineages);
-  3. with a barrier: every participant acks with a handle: positions, watermark, the
-     sink's pre-commit, and each subtask's lineage (snapshot + change logs), which is
-     already durable, so a checkpoint completes right after its barrier epoch.
+     stages its output through the sink's executor-side writer when a sink is all that
+     reads it. Back on the driver come small handles (change logs, snapshots, staged
+     files: Lineages), and the rows of outputs that other steps read;
+  4. every sink stages the epoch's rows; positions and event times advance;
+  5. with a barrier: every participant acks with a handle: each source's positions, the
+     event times, each sink's pre-commit, and each step's subtasks' lineages (snapshot
+     + change logs), which are already durable, so a checkpoint completes right after
+     its barrier epoch. One checkpoint covers every step, source and sink.
 
 A checkpoint failure only fails that checkpoint. The job fails over (restore the
 latest completed checkpoint, rewind sources, abort uncommitted sink output) when an
@@ -21,7 +26,6 @@ strategy decides whether and when.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import queue
