@@ -267,16 +267,16 @@ class Pipeline:
         return list(self._nodes) + self._built[1]
 
     def _linear_nodes(self) -> list[Node]:
-        if self._linear_source is None:
-            raise ConfigError("the pipeline has no source: call .source(...) before .transform(), .stateful() "
-                              "or .sink()")
         out: list[Node] = []
 
         def add(node: Node) -> Node:
             out.append(node)
             return node
 
-        node = add(SourceNode((), name=self._linear_source.name, source=self._linear_source))
+        # Without a source (a pipeline tools only read the steps of, or one `validate()`
+        # refuses) the chain hangs off a placeholder that `sources()` leaves out.
+        src = self._linear_source
+        node = add(SourceNode((), name=src.name if src is not None else "", source=src))
         for seg in self._segments:
             for fn in seg.transforms:
                 node = add(TransformNode((node,), fn=fn))
@@ -344,7 +344,7 @@ class Pipeline:
     # -- views the runtime and tools use ---------------------------------------------------------
     def sources(self) -> list[SourceNode]:
         """The source nodes, in the order they were read."""
-        return [n for n in self.nodes() if isinstance(n, SourceNode)]
+        return [n for n in self.nodes() if isinstance(n, SourceNode) and n.source is not None]
 
     def steps(self) -> list[StatefulNode]:
         """The stateful steps, each after the steps it reads from."""

@@ -261,7 +261,7 @@ class RestoreSteps:
         lineages.restore({j: infos[j]["lineage"] for j in range(self.P)}, generation=task.generation)
         lineages.on_restore(infos)
         if len(old) != self.P:
-            self.progress.announce(f"rescaled step {step} from parallelism {len(old)} to {self.P}")
+            self.progress.announce(f"rescaled operator {step} from parallelism {len(old)} to {self.P}")
 
     def _rebuild_state(self, step: str, checkpoint_id: int) -> None:
         """Every subtask rebuilds the restored state on an executor from verified files,

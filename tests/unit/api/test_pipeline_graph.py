@@ -130,3 +130,10 @@ def test_a_window_after_a_join_without_watermarks_names_both_sources():
     assert isinstance(p.nodes()[-1], SinkNode) and isinstance(p.nodes()[2], UnionNode)
     assert not any(isinstance(n, (WatermarkNode, MapOutputNode)) for n in p.nodes())
     assert isinstance(p.steps()[0], StatefulNode)
+
+
+def test_a_pipeline_without_a_source_still_names_its_step_for_tools_but_does_not_validate():
+    p = Pipeline("profile").stateful(agg("totals"))
+    assert p.stateful_.name == "totals" and p.sources() == [] and p.source_ is None
+    with pytest.raises(ConfigError, match="^the pipeline has no source"):
+        p.validate()
