@@ -39,6 +39,7 @@ class JobGraph:
     step_watermarks: dict[str, list[str]]  # step name -> watermark keys upstream of it
     staged: dict[str, SinkNode] = field(default_factory=dict)  # step name -> the sink its output stages to
     sink_inputs: dict[SinkNode, SinkInput] = field(default_factory=dict)
+    folded_maps: set[Node] = field(default_factory=set)  # output maps a sink applies itself
 
     @classmethod
     def of(cls, pipeline: Pipeline) -> "JobGraph":
@@ -65,6 +66,7 @@ class JobGraph:
             base, maps = sink.parents[0], []
             while isinstance(base, MapOutputNode) and len(consumers[base]) == 1:
                 maps.insert(0, base.fn)
+                graph.folded_maps.add(base)
                 base = base.parents[0]
             graph.sink_inputs[sink] = SinkInput(base, tuple(maps))
             if isinstance(base, StatefulNode) and _only_path(base, sink, consumers):

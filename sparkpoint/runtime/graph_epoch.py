@@ -133,8 +133,8 @@ def run_graph_epoch(spark, graph: JobGraph, epoch: int, read: Callable[[SourceNo
             else:
                 values[node] = result.output
         elif isinstance(node, MapOutputNode):
-            if all(isinstance(c, (MapOutputNode, SinkNode)) and _folded(graph, c) for c in graph.consumers[node]):
-                continue  # a sink applies it (on the executors when it stages there)
+            if node in graph.folded_maps:
+                continue  # the sink it leads to applies it (on the executors when it stages there)
             values[node] = node.fn(as_arrow(node.parents[0]))
         elif isinstance(node, SinkNode):
             src = graph.sink_inputs[node]
@@ -162,13 +162,6 @@ def run_graph_epoch(spark, graph: JobGraph, epoch: int, read: Callable[[SourceNo
         m = observed(obs) or {}
         out.event_times[key] = (int(m.get("n", 0)), m.get("max_ts"))
     return out
-
-
-def _folded(graph: JobGraph, node: Node) -> bool:
-    """`node` (a map or a sink) is applied by a sink that reads through it."""
-    if isinstance(node, SinkNode):
-        return True
-    return all(_folded(graph, c) for c in graph.consumers[node]) and len(graph.consumers[node]) == 1
 
 
 def _count():

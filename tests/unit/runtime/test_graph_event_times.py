@@ -73,3 +73,21 @@ def test_restored_event_times_are_per_stream_and_every_stream_starts_active():
     times.reset({"orders": 100_000, "payments": 40_000, "gone": 7})
     assert times.max_event_time == {"orders": 100_000, "payments": 40_000}
     assert times.for_step("matched", 10**9) == 39_000, "after a restore no stream counts as idle yet"
+
+
+def test_a_step_stages_on_the_executors_only_when_a_sink_is_all_that_reads_it():
+    p = Pipeline("paths")
+    src = p.read(GeneratorSource("g"))
+    alone = src.stateful(agg("alone")).map_output(lambda t: t)
+    alone.sink(ParquetSink("a", name="a"))
+    shared = src.stateful(agg("shared"))
+    shared.sink(ParquetSink("b", name="b"))
+    shared.stateful(agg("after")).sink(ParquetSink("c", name="c"))
+    fanned = src.map_output(lambda t: t)
+    fanned.sink(ParquetSink("d", name="d"))
+    fanned.sink(ParquetSink("e", name="e"))
+    graph = JobGraph.of(p)
+    assert {step: sink.name for step, sink in graph.staged.items()} == {"alone": "a", "after": "c"}
+    assert alone.node in graph.folded_maps and len(graph.sink_inputs[graph.staged["alone"]].maps) == 1
+    assert fanned.node not in graph.folded_maps, "a map two sinks read runs once, before both"
+    assert {graph.sink_inputs[s].base for s in graph.sinks if s.name in ("d", "e")} == {fanned.node}
