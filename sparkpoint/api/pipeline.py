@@ -250,6 +250,9 @@ class Pipeline:
         """A named input stream. `name` (default: the source's own) is its identity in
         checkpoints: its positions are restored by it."""
         _check_source(source)
+        if any(n.source is source for n in self._nodes if isinstance(n, SourceNode)):
+            raise ConfigError(f"source {source.name!r} is read twice: a source keeps its own positions, so read "
+                              f"it once and use its stream twice (or create a second source object)")
         if name is not None and name != source.name:
             source.name = name
         return Stream(self, self._add(SourceNode((), name=source.name, source=source)))

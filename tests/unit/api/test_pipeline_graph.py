@@ -137,3 +137,11 @@ def test_a_pipeline_without_a_source_still_names_its_step_for_tools_but_does_not
     assert p.stateful_.name == "totals" and p.sources() == [] and p.source_ is None
     with pytest.raises(ConfigError, match="^the pipeline has no source"):
         p.validate()
+
+
+def test_one_source_object_is_read_once():
+    p = Pipeline("twice")
+    g = GeneratorSource("g")
+    p.read(g, name="first")
+    with pytest.raises(ConfigError, match="^source 'first' is read twice"):
+        p.read(g, name="second")
