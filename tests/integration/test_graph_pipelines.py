@@ -205,3 +205,39 @@ def test_a_savepoint_of_a_two_step_graph_restored_at_another_parallelism_gives_t
     handles = second.coordinator.completed_store.latest().handles
     assert {f"state:{step}/{i}" for step in ("matched", "revenue") for i in range(3)} <= set(handles)
     assert_exactly_once(out, frames)
+
+
+def test_a_window_over_two_streams_waits_for_the_slower_one_so_none_of_its_rows_is_late(spark, tmp_path):
+    """Stream `behind` runs 30 s of event time behind `ahead`. The window's watermark is the
+    minimum of the two (a maximum would make every row of `behind` late and drop it); the
+    output equals pandas' count per key and 10 s window over both streams."""
+    from sparkpoint import TumblingWindow
+
+    rows: dict[str, list[dict]] = {"ahead": [], "behind": []}
+    for name, lag_ms in (("ahead", 0), ("behind", 30_000)):
+        (tmp_path / name).mkdir()
+        for f in range(FILES):
+            part = [{"key": k % 5, "ts": 100_000 + f * 10_000 + k * 97 - lag_ms} for k in range(50)]
+            rows[name] += part
+            _write(tmp_path / name / f"{f:03d}.json", part)
+    p = Pipeline("two-watermarks")
+
+    def read(name: str):
+        return p.read(FileSource(str(tmp_path / name), schema="key BIGINT, ts BIGINT", bounded=True,
+                                 max_files_per_epoch=1, name=name)).watermark("ts", "5 s")
+
+    (read("ahead").union(read("behind"))
+     .stateful(TumblingWindow("per_10s", ["key"], "ts", size_ms=10_000, aggs=("count",)))
+     .sink(ParquetSink(str(tmp_path / "out"))))
+    job = JobMaster(p, job_settings(tmp_path, "two-watermarks"), spark=spark)
+    assert job.run().status is JobStatus.FINISHED
+
+    events = pd.DataFrame(rows["ahead"] + rows["behind"])
+    events["window_start"] = events.ts - events.ts % 10_000
+    want = events.groupby(["key", "window_start"]).size().rename("count").reset_index()
+    got = read_output(tmp_path / "out").to_pandas()[["key", "window_start", "count"]]
+    assert job.late_dropped == 0
+    pd.testing.assert_frame_equal(got.sort_values(["key", "window_start"]).reset_index(drop=True),
+                                  want.sort_values(["key", "window_start"]).reset_index(drop=True),
+                                  check_dtype=False)
+    assert set(job.coordinator.completed_store.latest().handles["job"]["event_times"]) == {"ahead", "behind"}
