@@ -156,12 +156,21 @@ def run_graph_epoch(spark, graph: JobGraph, epoch: int, read: Callable[[SourceNo
                     out.sink_handles[node.name] = list(result.sink_handles)
                 out.output_rows += result.output_rows
     for name, obs in source_obs.items():
-        m = observed(obs) or {}
-        out.records[name] = int(m.get("n", 0))
+        out.records[name] = int(_metrics(obs).get("n", 0))
     for key, obs in wm_obs.items():
-        m = observed(obs) or {}
+        m = _metrics(obs)
         out.event_times[key] = (int(m.get("n", 0)), m.get("max_ts"))
     return out
+
+
+def _metrics(obs) -> dict[str, Any]:
+    """An observation's metrics; none when no action ran over the observed rows, or when a
+    step left them out of the plan altogether (`df.limit(0)`: Spark then reports an
+    observation it cannot convert). Counts for progress and idleness, never a failure."""
+    try:
+        return observed(obs) or {}
+    except Exception:  # noqa: BLE001
+        return {}
 
 
 def _count():
