@@ -338,10 +338,11 @@ class Pipeline:
         return self._changed()
 
     def sink(self, sink: Sink) -> "Pipeline":
-        """Write the main stream to `sink`, exactly-once (call again to fan out)."""
+        """Write the main stream to `sink`, exactly-once. Called again, it replaces the
+        sink, as it always did; several sinks take streams (`stream.sink(a); stream.sink(b)`)."""
         if not isinstance(sink, Sink):
             raise ConfigError(f"sink() takes a Sink (ParquetSink, DeltaSink, KafkaSink...), got {type(sink).__name__}")
-        self._linear_sinks.append(sink)
+        self._linear_sinks = [sink]
         return self._changed()
 
     # -- views the runtime and tools use ---------------------------------------------------------

@@ -145,3 +145,10 @@ def test_one_source_object_is_read_once():
     p.read(g, name="first")
     with pytest.raises(ConfigError, match="^source 'first' is read twice"):
         p.read(g, name="second")
+
+
+def test_a_second_sink_of_the_linear_shorthand_replaces_the_first_as_it_always_did(tmp_path):
+    p = Pipeline("lin").source(GeneratorSource("g")).sink(ParquetSink(str(tmp_path / "a")))
+    p.sink(ParquetSink(str(tmp_path / "b")))
+    p.validate()
+    assert [s.sink.path for s in p.sinks()] == [str(tmp_path / "b")]
