@@ -329,14 +329,15 @@ def isolate(pipeline, tag: str, rundir: str):
     from sparkpoint.connectors.kafka_sink import KafkaSink
     from sparkpoint.connectors.kafka_source import KafkaSource
 
-    source, sink = pipeline.source_, pipeline.sink_
-    if isinstance(source, KafkaSource) and source.group_id:
-        source.group_id = f"{source.group_id}.chaos-{tag}"
-    if isinstance(source, FileSource) and source.dead_letter is not None:
-        source.dead_letter = os.path.join(rundir, "dead-letter", source.name)
-    if isinstance(sink, KafkaSink):
-        sink.topic = run_topic(sink.topic, tag)
-        sink.transactional_id_prefix = f"{sink.transactional_id_prefix}.chaos-{tag}"
+    for source in (node.source for node in pipeline.sources()):
+        if isinstance(source, KafkaSource) and source.group_id:
+            source.group_id = f"{source.group_id}.chaos-{tag}"
+        if isinstance(source, FileSource) and source.dead_letter is not None:
+            source.dead_letter = os.path.join(rundir, "dead-letter", source.name)
+    for sink in (node.sink for node in pipeline.sinks()):
+        if isinstance(sink, KafkaSink):
+            sink.topic = run_topic(sink.topic, tag)
+            sink.transactional_id_prefix = f"{sink.transactional_id_prefix}.chaos-{tag}"
     return pipeline
 
 

@@ -24,9 +24,9 @@ pytestmark = pytest.mark.spark
 
 def _restore(spark, d: Driver, storage: StorageRef, executor_root) -> None:
     """The driver's restore step (the real code) with its Spark job on the shared session."""
-    driver = SimpleNamespace(local_root=str(executor_root), storage_ref=storage, lineages=d.lineages,
+    driver = SimpleNamespace(local_root=str(executor_root), storage_ref=storage, lineages_of={"totals": d.lineages},
                              _spark=spark, P=1, state_memory=StateMemory())
-    RestoreSteps._rebuild_state(driver, checkpoint_id=7)
+    RestoreSteps._rebuild_state(driver, "totals", checkpoint_id=7)
 
 
 def test_a_storage_outage_while_state_is_restored_is_a_storage_failure_not_a_corrupt_checkpoint(spark, tmp_path):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-import sparkpoint.runtime.jobmaster as jobmaster_module
+import sparkpoint.runtime.graph_epoch as graph_epoch_module
 from sparkpoint import GeneratorSource, KeyedAggregate, ParquetSink, Pipeline, Settings
 from sparkpoint.connectors.parquet_sink import read_committed
 from sparkpoint.runtime.jobmaster import JobMaster
@@ -45,7 +45,7 @@ def test_any_partition_order_gives_every_subtask_its_own_rows_and_the_same_outpu
     reference = _run(spark, tmp_path, "identity")
 
     orders: list = []
-    real_run_epoch = jobmaster_module.run_epoch
+    real_run_epoch = graph_epoch_module.run_epoch
 
     def rotating(*args):
         # Every epoch another rotation of the subtasks over the partitions.
@@ -53,7 +53,7 @@ def test_any_partition_order_gives_every_subtask_its_own_rows_and_the_same_outpu
         orders.append(order)
         return real_run_epoch(*args[:6], order)
 
-    monkeypatch.setattr(jobmaster_module, "run_epoch", rotating)
+    monkeypatch.setattr(graph_epoch_module, "run_epoch", rotating)
     rotated = _run(spark, tmp_path, "rotated")
     assert len({tuple(o) for o in orders}) == PARALLELISM  # every rotation was used
     assert rotated.equals(reference)
