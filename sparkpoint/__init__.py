@@ -22,7 +22,7 @@ from sparkpoint.api import (  # noqa: E402
     ValueState,
 )
 from sparkpoint.api import pipeline as _pipeline  # noqa: E402
-from sparkpoint.api.pipeline import Pipeline  # noqa: E402
+from sparkpoint.api.pipeline import Pipeline, Stream  # noqa: E402
 from sparkpoint.config import Settings  # noqa: E402
 from sparkpoint.connectors.delta_sink import DeltaSink  # noqa: E402
 from sparkpoint.connectors.files import FileSource  # noqa: E402
@@ -57,7 +57,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'sparkpoint' has no attribute {name!r}")
 
 __all__ = [
-    "run", "Pipeline", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "DeltaSink", "KafkaSource",
+    "run", "Pipeline", "Stream", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "DeltaSink", "KafkaSource",
     "KafkaSink", "KeyedAggregate",
     "TumblingWindow", "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState",
     "MapState", "TimerValues", "ExpiredTimerInfo", "read_state", "read_timers",

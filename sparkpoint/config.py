@@ -182,6 +182,11 @@ class Settings(_Model):
     # or references the savepoint's files (it copies what it needs into its own storage).
     recovery_path: str | None = Field(None, alias="execution.state-recovery.path")
     recovery_claim_mode: Literal["NO_CLAIM"] = Field("NO_CLAIM", alias="execution.state-recovery.claim-mode")
+    # A stateful step whose state is in the restored checkpoint or savepoint but that the
+    # pipeline no longer has (renamed or removed: a step's name is its state's identity)
+    # stops the job before anything runs; true drops that state and starts without it
+    # (Flink's allowNonRestoredState; `sparkpoint run --allow-non-restored-state`).
+    ignore_unclaimed_state: bool = Field(False, alias="execution.savepoint.ignore-unclaimed-state")
     lease_ttl_ms: int = Field(15_000, alias="sparkpoint.lease.ttl")
 
     # -- state memory per Spark Python worker (Flink's state.backend.rocksdb.memory.*) --

@@ -12,7 +12,7 @@ harness cuts every seam through which the driver changes the world, at once:
 
     checkpoint storage   a StorageFS wrapper (the wrapper seam storage faults use):
                          every operation after the crash raises RunCrashed
-    the sink             a wrapper: no staging, pre-commit, commit or abort after it
+    the sinks            a wrapper each: no staging, pre-commit, commit or abort after it
     participants         the asynchronous part of a checkpoint is observed through a
                          ParticipantFaults wrapper (a crash point may fire there)
 
@@ -338,7 +338,8 @@ class HarnessJob(ObservedJob):
         super().__init__(pipeline, settings, spark=spark)
         self.switch = switch
         self._lines = lines
-        self.sink = CrashingSink(self.sink, switch)
+        self.sinks = {name: CrashingSink(sink, switch) for name, sink in self.sinks.items()}
+        self.sink = next(iter(self.sinks.values()))
         self.faults = CrashingParticipantFaults(self.faults, switch)
 
     def _setup(self) -> None:

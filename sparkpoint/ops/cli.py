@@ -60,8 +60,10 @@ def cli(log_level: str) -> None:
               help="start from this savepoint (or chk-<id> directory): execution.state-recovery.path")
 @click.option("--claim-mode", type=click.Choice(["NO_CLAIM"]), default=None,
               help="execution.state-recovery.claim-mode (NO_CLAIM: the savepoint is never modified or deleted)")
+@click.option("--allow-non-restored-state", "allow_non_restored", is_flag=True, default=False,
+              help="drop the state of steps the pipeline no longer has: execution.savepoint.ignore-unclaimed-state")
 def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...], savepoint: str | None,
-        claim_mode: str | None) -> None:
+        claim_mode: str | None, allow_non_restored: bool) -> None:
     """Run a pipeline until its input ends or it is stopped (Ctrl-C / SIGTERM)."""
     from sparkpoint.config import Settings
     from sparkpoint.runtime.jobmaster import JobMaster
@@ -74,6 +76,8 @@ def run(pipeline_file: str, config_file: str | None, sets: tuple[str, ...], save
             sets += (f"execution.state-recovery.path={savepoint}",)
         if claim_mode:
             sets += (f"execution.state-recovery.claim-mode={claim_mode}",)
+        if allow_non_restored:
+            sets += ("execution.savepoint.ignore-unclaimed-state=true",)
         settings = Settings.load(config_file, list(sets),
                                  base={"pipeline.name": pipeline.name} if pipeline.name else None)
         click.echo(f"sparkpoint: job {settings.job_name}: checkpoints in "

@@ -44,7 +44,7 @@ from sparkpoint.config import Settings
 from sparkpoint.connectors.base import Positions, SlicePlan, SourceContext
 from sparkpoint.errors import ConfigError, JobFailedError, LeaseLostError, NoValidCheckpointError
 from sparkpoint.faults import ParticipantFaults
-from sparkpoint.runtime.connect import check_server_runs_sparkpoint, is_connect, observe, observed
+from sparkpoint.runtime.connect import check_server_runs_sparkpoint, is_connect
 from sparkpoint.runtime.epoch_replay import EpochReplay
 from sparkpoint.runtime.epoch_sizer import EpochSizer
 from sparkpoint.runtime.progress import ProgressReporter
@@ -66,12 +66,13 @@ from sparkpoint.runtime.restore import RestoreSteps
 from sparkpoint.runtime.savepoints import SavepointSteps, one_savepoint_at_a_time
 from sparkpoint.runtime.snapshots import SnapshotSteps
 from sparkpoint.runtime.spark import await_executors, create_session, is_local, master_to_create, session_master
-from sparkpoint.runtime.stage import run_epoch
+from sparkpoint.runtime.graph import EventTimes, JobGraph
+from sparkpoint.runtime.graph_epoch import run_graph_epoch
 from sparkpoint.runtime.status import JobStatus, JobStatusTracker
 from sparkpoint.runtime.executor.storage import StorageRef
 from sparkpoint.runtime.executor.state import job_local_root
 from sparkpoint.runtime.executor.store_opening import EpochInput, slice_identity
-from sparkpoint.runtime.executor.subtask import EpochTask, OutputStep
+from sparkpoint.runtime.executor.subtask import EpochTask
 from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.storage_setup import open_job_storage
 from sparkpoint.state.memory import StateMemory
@@ -102,9 +103,16 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         for warning in settings.unit_warnings:
             log.warning("%s", warning)
         self.job_name = settings.job_name
-        self.source = pipeline.source_
-        self.sink = pipeline.sink_
-        self.operator = pipeline.stateful_
+        # The graph's named parts: each source, stateful step and sink is one participant of
+        # every checkpoint (a step one per subtask), by its name.
+        self.graph = JobGraph.of(pipeline)
+        self.sources: dict[str, Any] = {n.name: n.source for n in self.graph.sources}
+        self.sinks: dict[str, Any] = {n.name: n.sink for n in self.graph.sinks}
+        self.operators: dict[str, Any] = {n.name: n.operator for n in self.graph.steps}
+        # The first of each: the only one of a linear pipeline (progress, REST and tools show it).
+        self.source = next(iter(self.sources.values()))
+        self.sink = next(iter(self.sinks.values()))
+        self.operator = next(iter(self.operators.values()), None)
         self.P = settings.parallelism
         # On executors' own disks. A relative path means "relative to each executor's
         # working directory" on a cluster, and to the driver's on local[*] (same disk).
@@ -118,7 +126,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                              or master_to_create(settings.spark_master))
         self.local_root = os.path.abspath(local) if is_local(self.spark_master) else local
         self.state_memory = StateMemory.from_settings(settings)  # each Python worker's, shipped with its tasks
-        if self.operator is not None:
+        if self.operators:
             m = self.state_memory
             log.info("job %s: keyed state may take %s per Spark Python worker, outside spark.executor.memory "
                      "(state.backend.rocksdb.memory.*; docs/memory.md sizes executors for it)", self.job_name,
@@ -142,19 +150,21 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self._failover_reason: str | None = None
         self._fatal: BaseException | None = None
         self.faults = ParticipantFaults.from_rules(settings.faults)
-        self.lineages = (Lineages(self.operator.name, self.P, settings.max_parallelism,
-                                  materialize_interval_ms=settings.materialize_interval_ms,
-                                  max_changelogs=settings.materialize_max_changelogs)
-                         if self.operator is not None else None)
+        self.lineages_of: dict[str, Lineages] = {
+            name: Lineages(name, self.P, settings.max_parallelism,
+                           materialize_interval_ms=settings.materialize_interval_ms,
+                           max_changelogs=settings.materialize_max_changelogs) for name in self.operators}
+        self.lineages = next(iter(self.lineages_of.values()), None)
         # progress state
         self.epoch = -1
-        self.positions: Positions = {}
-        self.max_event_time: int | None = None
+        self.source_positions: dict[str, Positions] = {name: {} for name in self.sources}
+        self.event_times = EventTimes(self.graph)
         self.records = 0  # input records, each counted once per run
         self.replayed_records = 0  # read again by epochs re-run after a restore
         self._highest_epoch_run = -1
-        self.late_dropped = 0  # rows windows dropped as too late, in this run
-        self._worker_order: list[int] | None = None  # subtask per Spark task, from the last epoch (stage.run_epoch)
+        self.late_dropped_by_step: dict[str, int] = {name: 0 for name in self.operators}  # in this run
+        # subtask per Spark task of each step, from its last epoch (stage.run_epoch)
+        self._worker_order: dict[str, list[int] | None] = {name: None for name in self.operators}
         # Rehearsals that fail the executors' storage writes of a given checkpoint need its
         # barrier inside an epoch; otherwise checkpoints complete at the end of the epoch
         # they were triggered in (`_snapshot_at_epoch_end`).
@@ -178,14 +188,43 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     def sink_participant(self) -> str:
         return f"sink:{self.sink.name}"
 
-    def state_participant(self, subtask: int) -> str:
-        return f"state:{self.operator.name}/{subtask}"
+    def state_participant(self, subtask: int, step: str | None = None) -> str:
+        return f"state:{step or self.operator.name}/{subtask}"
+
+    def step_participants(self, step: str) -> list[str]:
+        return [self.state_participant(i, step) for i in range(self.P)]
 
     def participants(self) -> list[str]:
-        ps = [JOB, self.source_participant, self.sink_participant]
-        if self.operator is not None:
-            ps += [self.state_participant(i) for i in range(self.P)]
+        ps = [JOB, *(f"source:{n}" for n in self.sources), *(f"sink:{n}" for n in self.sinks)]
+        for step in self.operators:
+            ps += self.step_participants(step)
         return ps
+
+    @property
+    def positions(self) -> Positions:
+        """The first source's positions (the only source of a linear pipeline)."""
+        return self.source_positions.get(self.source.name, {})
+
+    @property
+    def max_event_time(self) -> int | None:
+        """The largest event time any watermarked stream has seen."""
+        return self.event_times.overall_max()
+
+    @property
+    def late_dropped(self) -> int:
+        """Rows the steps dropped as too late, in this run."""
+        return sum(self.late_dropped_by_step.values())
+
+    def source_lag(self) -> dict[str, int]:
+        """Every source's lag per split (split names prefixed by the source when there are several)."""
+        lag: dict[str, int] = {}
+        for name, src in self.sources.items():
+            positions = self.source_positions.get(name)
+            if not positions:
+                continue
+            for split, n in dict(src.lag(positions) or {}).items():
+                lag[str(split) if len(self.sources) == 1 else f"{name}/{split}"] = int(n)
+        return lag
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -194,7 +233,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             s.checkpoint_dir, self.job_name, s.storage_options, run_id=self.run_id,
             lease_ttl_ms=s.lease_ttl_ms, fault_rules=s.faults, on_lease_lost=self._on_lease_lost)
         self.gateway = RuntimeGateway(self.participants(), self._on_checkpoint_complete)
-        if self.sink.needs_epoch_plans:  # it cannot withdraw published output: log what each epoch ran
+        if any(sink.needs_epoch_plans for sink in self.sinks.values()):  # cannot withdraw published output: log what each epoch ran
             from sparkpoint.storage.epoch_plans import EpochPlanLog
 
             self.epoch_plans = EpochReplay(EpochPlanLog(self.storage.fs, self.storage.layout))
@@ -207,13 +246,17 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             self.job_name, cfg, self.scheduler, self.storage.ids, self.storage.checkpoints, self.gateway,
             fail_job=self._on_checkpoint_failures_exceeded,
             # State files the running job still needs but no checkpoint references yet.
-            live_references=self.lineages.live_handles if self.lineages is not None else None)
+            live_references=self._live_state_handles if self.operators else None)
         if s.alarm_webhook:
             from sparkpoint.checkpoint.alarms import WebhookAlarmListener
             self.coordinator.alarms.register(WebhookAlarmListener(s.alarm_webhook))
         if s.checkpointing_enabled:
             self.status.add_listener(lambda old, new, err: self.coordinator.job_status_changed(new.value))
-        self.source.bind_metrics(self.coordinator.stats.registry)
+        bound: set[type] = set()
+        for src in self.sources.values():  # one set of metrics per kind of source on one registry
+            if type(src) not in bound:
+                src.bind_metrics(self.coordinator.stats.registry)
+                bound.add(type(src))
         self.progress = ProgressReporter(self, enabled=s.progress, interval_ms=s.progress_interval_ms)
         if s.rest_enabled:  # REST API, dashboard, /metrics (also on metrics.prometheus.port); address in the lease
             from sparkpoint.runtime.rest import start_rest_server
@@ -231,20 +274,26 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         if is_connect(self._spark):
             check_server_runs_sparkpoint(self._spark)
         await_executors(self._spark, s.executor_registration_timeout_ms)
-        if self.operator is not None:
-            from sparkpoint.runtime.user_code import ship_by_value
+        from sparkpoint.runtime.user_code import ship_by_value
 
-            ship_by_value(self.operator, getattr(self.operator, "_factory", None))
+        for op in self.operators.values():
+            ship_by_value(op, getattr(op, "_factory", None))
         url = s.checkpoint_dir if "://" in s.checkpoint_dir else os.path.abspath(s.checkpoint_dir)
         # Executors open checkpoint storage themselves (state files never pass the driver).
         self.storage_ref = StorageRef(url, self.job_name, dict(s.storage_options), tuple(s.faults))
-        self.output_step = OutputStep(tuple(self.pipeline.output_maps), self.sink.epoch_writer())
-        # Sinks that stage rows durably between pre-commit and commit (Kafka) keep them
-        # beside the job's checkpoints unless told otherwise.
-        self.sink.use_job_storage(f"{s.checkpoint_dir.rstrip('/')}/{self.job_name}/sinks/{self.sink.name}",
-                                  dict(s.storage_options))
-        self.source.open(SourceContext(self._spark, self.job_name))
-        self.sink.open(self.job_name)
+        self.writers = {name: sink.epoch_writer() for name, sink in self.sinks.items()}
+        for name, sink in self.sinks.items():
+            # Sinks that stage rows durably between pre-commit and commit (Kafka) keep them
+            # beside the job's checkpoints unless told otherwise.
+            sink.use_job_storage(f"{s.checkpoint_dir.rstrip('/')}/{self.job_name}/sinks/{name}",
+                                 dict(s.storage_options))
+        for src in self.sources.values():
+            src.open(SourceContext(self._spark, self.job_name))
+        for sink in self.sinks.values():
+            sink.open(self.job_name)
+
+    def _live_state_handles(self) -> list[dict]:
+        return [h for lineages in self.lineages_of.values() for h in lineages.live_handles()]
 
     def _warn_settings_for_own_sessions(self) -> None:
         """spark.master and spark.conf configure a session sparkpoint creates; the one
@@ -394,8 +443,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                 failure = python_failure(e)
                 trace = self._write_failure_trace(e)
                 where = f" (full trace: {trace})" if trace else ""
-                signature = failure_signature(e, failing_step(e, self.operator.name if self.operator else None),
-                                              self.restored_from)
+                signature = failure_signature(e, self._failing_step(e), self.restored_from)
                 if self._signal_stop is not None:
                     if self._stop_interrupted(failure, signature):
                         continue  # restore, then the queued stop takes its last checkpoint
@@ -434,6 +482,11 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                     self.cancelled_after = self._failure_line(failure, signature)
                     self.status.transition(JobStatus.CANCELED)
                     return self._result()
+
+    def _failing_step(self, e: BaseException) -> str | None:
+        text = str(e)
+        named = [n for n in self.operators if n in text]
+        return failing_step(e, named[0] if named else self.operator.name if self.operator else None)
 
     def _report_restore(self) -> None:
         """The job runs again on restored state: count it (sparkpoint_checkpoint_restores_total)."""
@@ -550,7 +603,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             if getattr(self, "_lease_keeper", None) is not None:
                 self._lease_keeper.stop()
                 self.storage.close(release_lease=self._fatal is None)
-            for connector in (self.source, self.sink):
+            for connector in (*self.sources.values(), *self.sinks.values()):
                 try:
                     connector.close()
                 except Exception:
@@ -568,14 +621,18 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                          completed_checkpoints=int(stats.get("completed", 0)),
                          extra={"stats": stats, "replayed_records": self.replayed_records,
                                 "read_hint": self.sink.read_hint,
-                                "malformed_records": getattr(self.source, "malformed_records", 0),
+                                "malformed_records": sum(getattr(src, "malformed_records", 0)
+                                                         for src in self.sources.values()),
                                 "state": self.lineages.stats.to_json() if self.lineages else None,
+                                "state_by_step": {n: lin.stats.to_json() for n, lin in self.lineages_of.items()},
+                                "late_dropped_by_step": dict(self.late_dropped_by_step),
+                                "outputs": {n: sink.location for n, sink in self.sinks.items()},
                                 "savepoint": self.stopped_with,
                                 "cancelled_after": self.cancelled_after,
                                 "stopped_by_signal": self._signal_stop_name or None})
 
     def _savepoint_target(self, barrier):
-        if barrier is None or self.operator is None:
+        if barrier is None or not self.operators:
             return None
         from sparkpoint.runtime.executor.savepoint import SavepointTarget
 
@@ -583,10 +640,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
 
     # ------------------------------------------------------------------ epoch loop
     def _watermark(self) -> int | None:
-        wm = self.pipeline.watermark_
-        if wm is None or self.max_event_time is None:
-            return None
-        return int(self.max_event_time) - wm.delay_ms
+        """The job's watermark: the minimum over every watermarked stream (idle ones left out)."""
+        return self.event_times.job_watermark(int(time.time() * 1000))
 
     def _epoch_loop(self) -> None:
         while not self._stop.is_set():
@@ -601,39 +656,68 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                 return
             replay = self.epoch_plans.replay(self.epoch + 1)
             if replay is not None:  # published before a restore fell back: run it as first planned
-                self._run_one_epoch(SlicePlan(replay.start, replay.end), final=replay.final)
+                self._run_one_epoch(self._split_plan(SlicePlan(replay.start, replay.end)), final=replay.final)
                 continue
-            self.positions = self.source.discover(self.positions)
-            exhausted = self.source.is_exhausted(self.positions)
-            if exhausted:
+            for name, src in self.sources.items():
+                self.source_positions[name] = src.discover(self.source_positions[name])
+            if all(src.is_exhausted(self.source_positions[n]) for n, src in self.sources.items()):
                 self._finish()
                 return
-            plan = self.source.plan(self.positions)
+            plans = {n: src.plan(self.source_positions[n]) for n, src in self.sources.items()}
             # The first epoch after a restore runs even with no input: until it has, the
             # state participants count as restoring and every checkpoint is refused.
-            if plan.empty and not self.gateway.has_barrier() and not self._restoring:
+            if all(p.empty for p in plans.values()) and not self.gateway.has_barrier() and not self._restoring:
                 self.progress.maybe_report()
                 time.sleep(self.settings.idle_pause_ms / 1000)
                 continue
-            plan, planned, size = self._sized(plan)
+            plans, planned, size = self._sized(plans)
             started = time.monotonic()
-            self._run_one_epoch(plan, final=False)
+            self._run_one_epoch(plans, final=False)
             if size is not None:
                 self.epoch_sizer.observe(size, planned, time.monotonic() - started)
 
-    def _sized(self, plan):
-        """The plan cut to the epoch sizer's budget; with the units planned and taken."""
-        if self.epoch_sizer is None:
-            return plan, None, None
-        planned = self.source.plan_size(plan)
+    def _sized(self, plans: dict[str, SlicePlan]):
+        """The plans cut to the epoch sizer's budget; with the units planned and taken. The
+        sizer learns one source's pace: a job with several sources is not sized."""
+        if self.epoch_sizer is None or len(plans) != 1:
+            return plans, None, None
+        (name, plan), = plans.items()
+        src = self.sources[name]
+        planned = src.plan_size(plan)
         if not planned:
-            return plan, None, None
+            return plans, None, None
         units = self.epoch_sizer.limit(planned)
         if units < planned:
-            plan = self.source.shrink(plan, units)
-        return plan, planned, self.source.plan_size(plan)
+            plan = src.shrink(plan, units)
+        return {name: plan}, planned, src.plan_size(plan)
 
-    def _run_one_epoch(self, plan, final: bool) -> None:
+    # An epoch's plan in the epoch plan log and its slice identity: one source's as it
+    # always was; several sources' as {source name: positions}.
+    def _join_plan(self, plans: dict[str, SlicePlan]) -> SlicePlan:
+        if len(plans) == 1:
+            return next(iter(plans.values()))
+        return SlicePlan({n: dict(p.start) for n, p in plans.items()}, {n: dict(p.end) for n, p in plans.items()})
+
+    def _split_plan(self, plan: SlicePlan) -> dict[str, SlicePlan]:
+        if len(self.sources) == 1:
+            return {self.source.name: plan}
+        return {n: SlicePlan(dict(plan.start.get(n, {})), dict(plan.end.get(n, {}))) for n in self.sources}
+
+    def _joined_positions(self) -> dict:
+        if len(self.sources) == 1:
+            return dict(self.positions)
+        return {n: dict(p) for n, p in self.source_positions.items()}
+
+    def _run_one_epoch(self, plans: dict[str, SlicePlan], final: bool) -> None:
+        """One epoch of the whole graph:
+          1. take the barriers triggered since the last boundary (this epoch carries them);
+          2. fix the plan (a replayed epoch: as first planned) and every step's watermark;
+          3. read every source's slice and run the graph (runtime/graph_epoch.py): each
+             stateful step one Spark job, its state's change logs durable when it ends;
+          4. stage every sink's output for this epoch;
+          5. advance: positions, event times, counts;
+          6. with a barrier: every participant acks (runtime/snapshots.py)."""
+        # 1.
         barriers = self.gateway.take_barriers(one_savepoint_at_a_time())
         checkpoint_id = barriers[-1].checkpoint_id if barriers else None
         # Several barriers between two boundaries share one snapshot; the older
@@ -644,80 +728,68 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         for older in barriers:
             if not any(older is b for b in carried):
                 self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
+        # 2.
         epoch = self.epoch + 1
         replay = self.epoch_plans.replay(epoch)
         if replay is not None:  # whoever asked for an epoch here: this one is already published
-            plan, final = SlicePlan(replay.start, replay.end), replay.final
-            watermark, now_ms = replay.watermark, replay.processing_time_ms
+            plans, final = self._split_plan(SlicePlan(replay.start, replay.end)), replay.final
+            now_ms = replay.processing_time_ms
         else:
-            watermark, now_ms = (None if final else self._watermark()), int(time.time() * 1000)
-            self.epoch_plans.record(epoch, plan, final, watermark, now_ms)
+            now_ms = int(time.time() * 1000)
+        watermarks = {step: None if final else self.event_times.for_step(step, now_ms) for step in self.operators}
+        if replay is None:
+            self.epoch_plans.record(epoch, self._join_plan(plans), final,
+                                    None if final else self.event_times.job_watermark(now_ms), now_ms)
         self._before_first_epoch_after_restore()
-        df = self.source.read(plan)
-        read = None
-        if self.pipeline.transforms:  # they may drop or multiply rows: count the source's records
-            df, read = self._counted_source(df, epoch)
-        for step in self.pipeline.transforms:
-            df = step(df)
-        task = None
-        if self.operator is not None:
-            task = EpochTask(self.operator, self.local_root, epoch, self.P, self.settings.max_parallelism,
-                             watermark, now_ms, final, checkpoint_id,
-                             self.storage_ref, self.lineages.for_tasks(), self.lineages.due_for_snapshot(),
-                             self.output_step,
-                             self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]),
-                             savepoint_to=self._savepoint_target(savepoint),
-                             epoch_input=EpochInput(self.lineages.generation, slice_identity(plan.start, plan.end)),
+        joined = self._join_plan(plans)
+        savepoint_to = self._savepoint_target(savepoint)
+
+        def make_task(node, output):
+            lineages = self.lineages_of[node.name]
+            return EpochTask(node.operator, self.local_root, epoch, self.P, self.settings.max_parallelism,
+                             watermarks[node.name], now_ms, final, checkpoint_id,
+                             self.storage_ref, lineages.for_tasks(), lineages.due_for_snapshot(), output,
+                             self.faults.sync_failures(checkpoint_id, self.step_participants(node.name)),
+                             savepoint_to=savepoint_to,
+                             epoch_input=EpochInput(lineages.generation, slice_identity(joined.start, joined.end)),
                              memory=self.state_memory)
-        wm_col = self.pipeline.watermark_.column if self.pipeline.watermark_ else None
-        result = run_epoch(self._spark, df, task, self.output_step, wm_col, epoch, self._worker_order)
-        self._worker_order = result.worker_order
-        self.late_dropped += sum(int(i.get("late_dropped") or 0) for i in result.infos.values())
-        if self.lineages is not None:
-            self.lineages.on_epoch(epoch, result.infos)
-            self._restored_state_ready()
-        if replay is not None:
-            pass  # its output is published already (its state effects are applied above)
-        elif result.output is not None:
-            self.sink.write_epoch(epoch, result.output)
-        else:
-            self.sink.stage_epoch(epoch, result.sink_handles)
-        # The epoch is done: advance.
+
+        # 3.
+        result = run_graph_epoch(self._spark, self.graph, epoch, lambda node: self.sources[node.name].read(plans[node.name]),
+                                 make_task, self._worker_order, self.writers)
+        for name, step_result in result.steps.items():
+            self._worker_order[name] = step_result.worker_order
+            self.late_dropped_by_step[name] += sum(int(i.get("late_dropped") or 0) for i in step_result.infos.values())
+            self.lineages_of[name].on_epoch(epoch, step_result.infos)
+        self._restored_state_ready()
+        # 4. A replayed epoch's output is published already by the sinks that keep an epoch
+        # plan log (its state effects are applied above); the others withdrew it on restore.
+        for name, sink in self.sinks.items():
+            if replay is not None and sink.needs_epoch_plans:
+                continue
+            if name in result.sink_tables:
+                sink.write_epoch(epoch, result.sink_tables[name])
+            else:
+                sink.stage_epoch(epoch, result.sink_handles.get(name, []))
+        # 5. The epoch is done: advance.
         self.epoch = epoch
-        self.positions = dict(plan.end)
-        records = self._source_records(read, result.input_records)
+        for name, plan in plans.items():
+            self.source_positions[name] = dict(plan.end)
+        records = result.input_records
         if epoch > self._highest_epoch_run:
             self._highest_epoch_run = epoch
             self.records += records
         else:  # a restore rewound the sources: this epoch's input was counted when it first ran
             self.replayed_records += records
-        if result.max_event_time_ms is not None:
-            self.max_event_time = max(self.max_event_time or result.max_event_time_ms, result.max_event_time_ms)
+        for key, (rows, max_ts) in result.event_times.items():
+            self.event_times.observe(key, rows, max_ts, now_ms)
         self.progress.on_epoch(result, result.output_rows, records)
+        # 6.
         for barrier in carried:
             self._snapshot(barrier.checkpoint_id, result,
                            savepoint_url=barrier.location.url if barrier is savepoint else None)
         if self._ack_at_epoch_end:
             self._snapshot_at_epoch_end(result)
-
-    @staticmethod
-    def _counted_source(df, epoch: int):
-        """The source's rows with their count observed (collected by the epoch's one action)."""
-        from pyspark.sql import functions as F
-
-        return observe(df, f"source-{epoch}", F.count(F.lit(1)).alias("n"))
-
-    @staticmethod
-    def _source_records(read, fallback: int) -> int:
-        """The records the source read this epoch. A transform that left the source's rows out
-        of the plan altogether never runs the observation: then the epoch's input rows."""
-        if read is None:
-            return fallback
-        try:
-            metrics = observed(read)
-            return fallback if metrics is None else int(metrics.get("n", 0))
-        except Exception:  # noqa: BLE001 - a count for the progress line, never a reason to fail
-            return fallback
 
     def _snapshot_at_epoch_end(self, result) -> None:
         """Checkpoints triggered while this epoch ran complete now, at its end, not one
@@ -730,10 +802,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         if not late:
             return
         checkpoint_id = late[-1].checkpoint_id
-        injected = self.faults.sync_failures(checkpoint_id, [self.state_participant(i) for i in range(self.P)]) \
-            if self.operator is not None else ()
-        sync_errors = {i: "OSError: injected fault: synchronous snapshot part" for i in injected}
-        self._snapshot(checkpoint_id, dataclasses.replace(result, sync_errors=sync_errors))
+        errors = {step: {i: "OSError: injected fault: synchronous snapshot part"
+                         for i in self.faults.sync_failures(checkpoint_id, self.step_participants(step))}
+                  for step in self.operators}
+        self._snapshot(checkpoint_id, result.with_sync_errors(errors))
 
     def _finish(self) -> None:
         """End of a bounded input: fire everything (final watermark), then take a last
@@ -792,9 +864,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                     if attempt == 0:
                         raise failed[2]  # the committer's own attempt
                     self.gateway.commit_again(failed[0], failed[1])
-                if latest is not None and latest.handles.get(self.source_participant) is not None:
-                    self.source.notify_checkpoint_complete(latest.checkpoint_id,
-                                                           latest.handles[self.source_participant]["positions"])
+                for name, src in self.sources.items():
+                    handle = latest.handles.get(f"source:{name}") if latest is not None else None
+                    if handle is not None:
+                        src.notify_checkpoint_complete(latest.checkpoint_id, handle["positions"])
                 return True
             except Exception as e:  # noqa: BLE001 - retried, then a failover
                 error = e
@@ -805,7 +878,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     def _run_empty_epoch(self, final: bool = True) -> None:
         """An epoch with no input that carries a barrier; `final`: it also fires what the
         final watermark releases (end of a bounded input)."""
-        self._run_one_epoch(SlicePlan(dict(self.positions), dict(self.positions)), final=final)
+        self._run_one_epoch({n: SlicePlan(dict(p), dict(p)) for n, p in self.source_positions.items()}, final=final)
 
     def _carry_barriers_until(self, done: Callable[[], bool], final: bool = True) -> bool:
         """Keep carrying barriers with empty epochs until `done()`. False if the job was

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from sparkpoint.state.changelog import ChangelogFile, Lineage
+from sparkpoint.state.changelog import NO_EPOCH, ChangelogFile, Lineage
 from sparkpoint.state.keys import key_group_range
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,15 @@ class Lineages:
         self.reset_empty()
 
     # -- restore -------------------------------------------------------------------
-    def reset_empty(self) -> None:
+    def reset_empty(self, epoch: int = NO_EPOCH) -> None:
+        """Empty state; `epoch`: as of the end of that epoch (a step new in the graph of a
+        restored job starts empty at the restored epoch, so its change logs follow on)."""
         with self._lock:
             self._lineages = {}
             for i in range(self.parallelism):
                 kg = key_group_range(i, self.parallelism, self.max_parallelism)
-                self._lineages[i] = Lineage(self.operator, i, (kg.start, kg.stop), self.max_parallelism)
+                self._lineages[i] = Lineage(self.operator, i, (kg.start, kg.stop), self.max_parallelism,
+                                            epoch=epoch, base_epoch=epoch)
             self._last_snapshot = {i: self._clock() for i in range(self.parallelism)}
             self._dropped = []
             self.generation = uuid.uuid4().hex[:12]

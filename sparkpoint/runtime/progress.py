@@ -52,12 +52,13 @@ class ProgressReporter:
             chk = (f"#{stats['last_completed_id']} {(stats.get('last_duration_ms') or 0) / 1000:.2f}s "
                    f"{_fmt_bytes(stats.get('last_size_bytes'))}")
         wm = job._watermark()
-        lag = sum(job.source.lag(job.positions).values()) if job.positions else 0
+        lag = sum(job.source_lag().values())
         records = f"records {job.records:,}"
         if getattr(job, "replayed_records", 0):
             records += f" (+{job.replayed_records:,} replayed)"
-        if getattr(job.source, "malformed_records", 0):
-            records += f" | malformed {job.source.malformed_records:,}"
+        malformed = sum(getattr(src, "malformed_records", 0) for src in job.sources.values())
+        if malformed:
+            records += f" | malformed {malformed:,}"
         return (f"[{job.job_name}] {job.status.status.value} epoch {job.epoch} | {self.rate():,.0f} rec/s | "
                 f"{records} | out {self.output_rows:,} | checkpoint {chk} | "
                 f"completed {stats.get('completed', 0)} failed {stats.get('counted_failed', 0)} | "

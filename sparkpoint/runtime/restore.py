@@ -23,6 +23,16 @@ from sparkpoint.storage.handles import checkpoint_file_entries
 log = logging.getLogger("sparkpoint.runtime.jobmaster")
 
 
+def state_by_step(handles: dict) -> dict[str, dict[int, dict]]:
+    """A checkpoint's state handles by step name and subtask (participants `state:<step>/<i>`)."""
+    found: dict[str, dict[int, dict]] = {}
+    for participant, handle in handles.items():
+        if participant.startswith("state:"):
+            step, _, subtask = participant[len("state:"):].rpartition("/")
+            found.setdefault(step, {})[int(subtask)] = handle
+    return found
+
+
 class RestoreSteps:
     """JobMaster's restore steps; they use the job's attributes (source, sink, operator,
     lineages, storage, coordinator, gateway, settings)."""
@@ -67,28 +77,31 @@ class RestoreSteps:
 
     def _start_fresh(self, ignoring: int = 0) -> None:
         if not self.coordinator.completed_store.all():
-            committed = self.sink.committed_epochs()
-            if committed and self.settings.restore_mode != "empty":
-                raise ConfigError(
-                    f"the sink output {self.sink.location} already holds committed output of "
-                    f"{len(committed)} epoch(s), but job {self.job_name} has no checkpoint in "
-                    f"{self.storage.layout.root}: starting would mix two runs' output. Use an empty output directory, "
-                    f"or the checkpoint directory of the run that wrote it")
+            for sink in self.sinks.values():
+                committed = sink.committed_epochs()
+                if committed and self.settings.restore_mode != "empty":
+                    raise ConfigError(
+                        f"the sink output {sink.location} already holds committed output of "
+                        f"{len(committed)} epoch(s), but job {self.job_name} has no checkpoint in "
+                        f"{self.storage.layout.root}: starting would mix two runs' output. Use an empty output "
+                        f"directory, or the checkpoint directory of the run that wrote it")
         self.gateway.set_restoring([])
-        if self.lineages is not None:
-            self.lineages.reset_empty()
+        for lineages in self.lineages_of.values():
+            lineages.reset_empty()
         self.epoch = -1
-        self.max_event_time = None
+        self.event_times.reset()
         self.restored_from = None
         self._restored_external = None
         self._restoring = False
-        self.positions = self.source.initial_positions()
+        self.source_positions = {n: src.initial_positions() for n, src in self.sources.items()}
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
-        self.sink.recover(None)
+        for sink in self.sinks.values():
+            sink.recover(None)
         self.epoch_plans.begin(None)
+        where = ", ".join(str(sink.location) for sink in self.sinks.values())
         why = (f"restore.mode=empty: the {ignoring} completed checkpoint(s) in {self.storage.layout.root} are not "
                f"restored, sources replay from their start, and output committed by earlier runs of this job is "
-               f"withdrawn from {self.sink.location} so nothing is duplicated" if ignoring else
+               f"withdrawn from {where} so nothing is duplicated" if ignoring else
                "no completed checkpoint in " + self.storage.layout.root)
         log.info("job %s starts from scratch (%s)", self.job_name, why)
         self.progress.announce(f"starting fresh: {why}")
@@ -139,34 +152,52 @@ class RestoreSteps:
     def _restore_from(self, data: CompletedCheckpointData, source=None, savepoint: str | None = None) -> None:
         handles = data.handles
         job = handles[JOB]
-        if self.operator is not None:
-            old = {int(k.rsplit("/", 1)[1]): h for k, h in handles.items()
-                   if k.startswith(f"state:{self.operator.name}/")}
+        what = f"savepoint {savepoint}" if savepoint else f"checkpoint {data.checkpoint_id}"
+        by_step = state_by_step(handles)
+        self._check_step_identity(by_step, what)
+        for name, lineages in self.lineages_of.items():
+            old = by_step.get(name)
+            if not old:  # a step new in the graph starts empty
+                lineages.reset_empty(int(job["epoch"]))
+                log.info("job %s: step %s has no state in %s; it starts empty", self.job_name, name, what)
+                continue
             self._check_max_parallelism(old, savepoint or f"checkpoint {data.checkpoint_id}")
             if savepoint is None and sorted(old) == list(range(self.P)):
-                self.lineages.restore(old)
-                self._rebuild_state(data.checkpoint_id)
+                lineages.restore(old)
+                self._rebuild_state(name, data.checkpoint_id)
             else:
-                self._redistribute_state(data, old, source or self.storage_ref, savepoint)
-            self.gateway.set_restoring([self.state_participant(i) for i in range(self.P)])
+                self._redistribute_state(name, data, old, source or self.storage_ref, savepoint)
+        if self.operators:
+            self.gateway.set_restoring([p for step in self.operators for p in self.step_participants(step)])
             self._restoring = True
         self._origin = job.get("origin")
         self._origin_path = job.get("origin_path")
         self._restored_external = savepoint
         self.epoch = int(job["epoch"])
-        self.max_event_time = job.get("max_event_time")
+        event_times = job.get("event_times")
+        if event_times is None and len(self.event_times.delay) == 1:  # taken before graphs: one watermark
+            event_times = {next(iter(self.event_times.delay)): job.get("max_event_time")}
+        self.event_times.reset(event_times)
         self.restored_from = data.checkpoint_id
-        self.positions = dict(handles[self.source_participant]["positions"])
+        for name, src in self.sources.items():
+            handle = handles.get(f"source:{name}")
+            if handle is None:  # a source new in the graph starts where it starts
+                log.info("job %s: source %s has no positions in %s; it starts from its initial positions",
+                         self.job_name, name, what)
+            self.source_positions[name] = dict(handle["positions"]) if handle is not None else src.initial_positions()
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
-        if savepoint is not None:  # its sink handle may name files inside the savepoint
-            self.sink.use_savepoint(savepoint, dict(self.settings.storage_options))
-        self.sink.recover(handles.get(self.sink_participant))
-        what = f"savepoint {savepoint}" if savepoint else f"checkpoint {data.checkpoint_id}"
+        for name, sink in self.sinks.items():
+            if savepoint is not None:  # its sink handle may name files inside the savepoint
+                sink.use_savepoint(savepoint, dict(self.settings.storage_options))
+            sink.recover(handles.get(f"sink:{name}"))
         # A savepoint starts a new line of epochs: what the job that took it published
         # after it is published again (docs/savepoints.md). A failover goes on with its own.
         self.epoch_plans.begin(job.get("history") if savepoint is None else None)
-        self.epoch_plans.prepare(self.epoch, self.sink.published_epoch(), self.positions, what,
-                                 self.sink.location or self.sink.name,
+        published = [e for e in (s.published_epoch() for s in self.sinks.values() if s.needs_epoch_plans)
+                     if e is not None]
+        planned = [s for s in self.sinks.values() if s.needs_epoch_plans] or [self.sink]
+        self.epoch_plans.prepare(self.epoch, max(published) if published else None, self._joined_positions(),
+                                 what, ", ".join(str(s.location or s.name) for s in planned),
                                  publish_again=self.settings.unreplayable_epochs == "publish-again")
         log.info("job %s restores %s (epoch %d)", self.job_name, what, self.epoch)
         taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data.completion_timestamp_ms / 1000))
@@ -174,6 +205,23 @@ class RestoreSteps:
         kind = "savepoint" if savepoint else "checkpoint"
         self.progress.announce(f"resuming from {kind} {data.checkpoint_id} (epoch {self.epoch}, taken {taken}) "
                                f"in {where}")
+
+    def _check_step_identity(self, by_step: dict[str, dict], what: str) -> None:
+        """A step's name is its state's identity: state in the checkpoint under a name the
+        graph no longer has is a renamed or removed step. Stop before anything runs,
+        unless the user chose to drop that state."""
+        unclaimed = sorted(set(by_step) - set(self.operators))
+        if not unclaimed:
+            return
+        names = ", ".join(repr(n) for n in unclaimed)
+        if self.settings.ignore_unclaimed_state:
+            log.warning("job %s: %s holds the state of step(s) %s, which the pipeline no longer has; that state is "
+                        "dropped (execution.savepoint.ignore-unclaimed-state=true)", self.job_name, what, names)
+            return
+        raise ConfigError(
+            f"{what} holds the state of step {names}, which the pipeline no longer has (a step's name is its "
+            f"state's identity): give the step its old name back, or drop its state with "
+            f"--allow-non-restored-state (execution.savepoint.ignore-unclaimed-state=true)")
 
     def _check_max_parallelism(self, handles: dict, what: str) -> None:
         was = {h.get("max_parallelism") for h in handles.values() if isinstance(h, dict)}
@@ -183,7 +231,7 @@ class RestoreSteps:
                 f"{self.settings.max_parallelism}: keys are spread over max-parallelism key groups, so it cannot "
                 f"change across a restore. Run with --set pipeline.max-parallelism={sorted(map(str, was))[0]}")
 
-    def _redistribute_state(self, data: CompletedCheckpointData, old_handles: dict, source,
+    def _redistribute_state(self, step: str, data: CompletedCheckpointData, old_handles: dict, source,
                             savepoint: str | None) -> None:
         """Restore at another parallelism, or from a savepoint: the executors re-cut the
         old subtasks' key groups into this run's subtasks and upload each new subtask's
@@ -195,37 +243,39 @@ class RestoreSteps:
         old = {i: Lineage.from_json(h) for i, h in old_handles.items()}
         covered = sorted(g for lin in old.values() for g in range(*lin.key_groups))
         if covered != list(range(self.settings.max_parallelism)):
-            raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: the state of operator "
-                                         f"{self.operator.name} does not cover every key group")
-        self.lineages.reset_empty()  # begins the restore's generation
+            raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: the state of step "
+                                         f"{step} does not cover every key group")
+        lineages = self.lineages_of[step]
+        lineages.reset_empty()  # begins the restore's generation
         epoch = int(data.handles[JOB]["epoch"])
-        task = RescaleTask(self.local_root, source, self.storage_ref, old, self.lineages.for_tasks(), epoch,
-                           memory=self.state_memory, generation=self.lineages.generation)
-        log.info("job %s re-cuts the state of %s from %d subtask(s) into %d", self.job_name, self.operator.name,
+        task = RescaleTask(self.local_root, source, self.storage_ref, old, lineages.for_tasks(), epoch,
+                           memory=self.state_memory, generation=lineages.generation)
+        log.info("job %s re-cuts the state of %s from %d subtask(s) into %d", self.job_name, step,
                  len(old), self.P)
         try:
             infos = restore_state(self._spark, task, self.P)
         except CorruptSnapshotError as e:  # a storage outage is not corruption: it fails over as it is
             raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: {e}") from e
-        self.lineages.restore({j: infos[j]["lineage"] for j in range(self.P)}, generation=task.generation)
-        self.lineages.on_restore(infos)
+        lineages.restore({j: infos[j]["lineage"] for j in range(self.P)}, generation=task.generation)
+        lineages.on_restore(infos)
         if len(old) != self.P:
-            self.progress.announce(f"rescaled operator {self.operator.name} from parallelism {len(old)} to {self.P}")
+            self.progress.announce(f"rescaled step {step} from parallelism {len(old)} to {self.P}")
 
-    def _rebuild_state(self, checkpoint_id: int) -> None:
+    def _rebuild_state(self, step: str, checkpoint_id: int) -> None:
         """Every subtask rebuilds the restored state on an executor from verified files,
         BEFORE the sink recovers: a checkpoint whose files are damaged is skipped while
         nothing has been touched yet (the sink's recovery may withdraw later output)."""
         from sparkpoint.runtime.executor.subtask import RestoreTask
         from sparkpoint.runtime.stage import restore_state
 
-        task = RestoreTask(self.local_root, self.storage_ref, self.lineages.for_tasks(),
-                           generation=self.lineages.generation, memory=self.state_memory)
+        lineages = self.lineages_of[step]
+        task = RestoreTask(self.local_root, self.storage_ref, lineages.for_tasks(),
+                           generation=lineages.generation, memory=self.state_memory)
         try:
             reports = restore_state(self._spark, task, self.P)
         except CorruptSnapshotError as e:  # a storage outage is not corruption: it fails over as it is
             raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {e}") from e
-        self.lineages.on_restore(reports)
+        lineages.on_restore(reports)
 
     def _restored_state_ready(self) -> None:
         """The first epoch after a restore is done: every subtask holds its state."""
@@ -234,9 +284,10 @@ class RestoreSteps:
             self.gateway.set_restoring([])
 
     def _before_first_epoch_after_restore(self) -> None:
-        if self._restoring and self.operator is not None:
-            for i in range(self.P):
-                self.faults.before_restore(self.state_participant(i))  # rehearsal: a slow restore
+        if self._restoring:
+            for step in self.operators:
+                for participant in self.step_participants(step):
+                    self.faults.before_restore(participant)  # rehearsal: a slow restore
 
     def _mark_bad(self, checkpoint_id: int, e: BaseException) -> None:
         self._bad_checkpoints[checkpoint_id] = f"chk-{checkpoint_id}: {_summary(e)}"

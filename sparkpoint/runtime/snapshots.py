@@ -32,6 +32,8 @@ class SnapshotSteps:
     def _snapshot(self, checkpoint_id: int, result, savepoint_url: str | None = None) -> None:
         c = self.coordinator
         job = {"epoch": self.epoch, "max_event_time": self.max_event_time, "watermark": self._watermark(),
+               # each watermarked stream's largest event time, by watermark (runtime/graph.py)
+               "event_times": dict(self.event_times.max_event_time),
                "records": self.records, "origin": self._origin,
                # The line of epochs this checkpoint is on: a failover to it replays that
                # line's logged epochs (runtime/epoch_replay.py).
@@ -41,32 +43,37 @@ class SnapshotSteps:
         if savepoint_url is not None:
             job["savepoint"] = savepoint_url  # where it is: the copies' directory
         c.acknowledge(checkpoint_id, JOB, job)
-        c.acknowledge(checkpoint_id, self.source_participant, {"positions": dict(self.positions)})
-        try:
-            self.faults.check_sync(self.sink_participant, checkpoint_id)
-            unlogged = self.epoch_plans.flush()
-            if unlogged is not None:  # never publish an epoch a fall-back could not replay
-                raise StorageError(unlogged)
-            sink_handle = dict(self.sink.pre_commit(checkpoint_id))
-            if savepoint_url is not None:  # a savepoint is self-contained: the sink copies what it staged
-                sink_handle = dict(self.sink.savepoint_handle(sink_handle, savepoint_url,
-                                                              dict(self.settings.storage_options)))
-        except Exception as e:
-            log.warning("checkpoint %d: sink pre-commit failed: %s", checkpoint_id, _summary(e))
-            c.decline(checkpoint_id, self.sink_participant, CheckpointFailureReason.TASK_SYNC_FAILURE, e)
-        else:
-            c.acknowledge(checkpoint_id, self.sink_participant, sink_handle)
-        if self.operator is None:
+        for name, positions in self.source_positions.items():
+            c.acknowledge(checkpoint_id, f"source:{name}", {"positions": dict(positions)})
+        for name, sink in self.sinks.items():
+            participant = f"sink:{name}"
+            try:
+                self.faults.check_sync(participant, checkpoint_id)
+                unlogged = self.epoch_plans.flush()
+                if unlogged is not None:  # never publish an epoch a fall-back could not replay
+                    raise StorageError(unlogged)
+                sink_handle = dict(sink.pre_commit(checkpoint_id))
+                if savepoint_url is not None:  # a savepoint is self-contained: the sink copies what it staged
+                    sink_handle = dict(sink.savepoint_handle(sink_handle, savepoint_url,
+                                                             dict(self.settings.storage_options)))
+            except Exception as e:
+                log.warning("checkpoint %d: pre-commit of sink %s failed: %s", checkpoint_id, name, _summary(e))
+                c.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_SYNC_FAILURE, e)
+            else:
+                c.acknowledge(checkpoint_id, participant, sink_handle)
+        if not self.operators:
             return
         try:
-            self._ack_states(checkpoint_id, result, savepoint_url is not None)
+            for step in self.operators:
+                self._ack_states(checkpoint_id, step, result.steps[step], savepoint_url is not None)
         finally:
             self._previous_barrier_epoch = self.epoch
 
-    def _ack_states(self, checkpoint_id: int, result, savepoint: bool = False) -> None:
+    def _ack_states(self, checkpoint_id: int, step: str, result, savepoint: bool = False) -> None:
         c = self.coordinator
+        lineages = self.lineages_of[step]
         for subtask in range(self.P):
-            participant = self.state_participant(subtask)
+            participant = self.state_participant(subtask, step)
             error = result.sync_errors.get(subtask)
             if savepoint and not error:
                 info = result.infos.get(subtask) or {}
@@ -78,7 +85,7 @@ class SnapshotSteps:
                 log.warning("checkpoint %d: synchronous snapshot of %s failed: %s", checkpoint_id, participant, error)
                 c.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_SYNC_FAILURE, error)
                 continue
-            handle, why_not = self.lineages.handle(subtask)
+            handle, why_not = lineages.handle(subtask)
             if handle is None:
                 log.warning("checkpoint %d: state of %s is not durable: %s. The job keeps running; a later "
                             "checkpoint completes once checkpoint storage takes the change logs",
@@ -133,34 +140,36 @@ class SnapshotSteps:
     def _on_checkpoint_complete(self, checkpoint_id: int, data: CompletedCheckpointData) -> None:
         """Runs on the committer thread, after `_metadata` is durable: publish output,
         commit source offsets."""
-        sink_handle = data.handles.get(self.sink_participant)
-        if sink_handle is not None:
-            self.storage.lease.check()  # publish only while this run may act for the job
-            self.sink.commit(sink_handle)
-        if self.lineages is not None:
+        for name, sink in self.sinks.items():
+            sink_handle = data.handles.get(f"sink:{name}")
+            if sink_handle is not None:
+                self.storage.lease.check()  # publish only while this run may act for the job
+                sink.commit(sink_handle)
+        if self.lineages_of:
             self._delete_unneeded_state(int(data.handles[JOB]["epoch"]))
         if self.epoch_plans.enabled:  # a restore never goes below the oldest retained checkpoint
             retained = [int(c.handles[JOB]["epoch"]) for c in self.coordinator.completed_store.all()
                         if JOB in c.handles]
             if retained:
                 self.epoch_plans.forget_through(min(retained))
-        src = data.handles.get(self.source_participant)
-        if src is not None:
-            try:
-                self.source.notify_checkpoint_complete(checkpoint_id, src["positions"])
-            except Exception:
-                log.exception("source %s: post-checkpoint hook failed (ignored)", self.source.name)
+        for name, source in self.sources.items():
+            src = data.handles.get(f"source:{name}")
+            if src is not None:
+                try:
+                    source.notify_checkpoint_complete(checkpoint_id, src["positions"])
+                except Exception:
+                    log.exception("source %s: post-checkpoint hook failed (ignored)", name)
 
     def _delete_unneeded_state(self, checkpoint_epoch: int) -> None:
         """Change logs and snapshot files that a newer snapshot replaced before any
         checkpoint took them would otherwise wait for the start-up garbage collector:
         delete those no retained checkpoint references (this checkpoint and every later
         one do not, nor does the running job)."""
-        candidates = self.lineages.take_unneeded(checkpoint_epoch)
+        candidates = [p for lineages in self.lineages_of.values() for p in lineages.take_unneeded(checkpoint_epoch)]
         if not candidates:
             return
         keep = referenced_paths([h for c in self.coordinator.completed_store.all() for h in c.handles.values()])
-        keep |= referenced_paths(self.lineages.live_handles())
+        keep |= referenced_paths(self._live_state_handles())
         doomed = [p for p in candidates if p not in keep]
         try:
             self.storage.lease.check()

@@ -96,10 +96,8 @@ class JobObserver:
             at, cached = self._lag
             if now - at < _LAG_CACHE_S:
                 return dict(cached)
-        positions = self.job.positions
         try:
-            lag = {str(k): int(v) for k, v in dict(self.job.source.lag(positions) or {}).items()} \
-                if positions else {}
+            lag = self.job.source_lag()
         except Exception as e:  # best effort, like the progress line's
             log.debug("source lag unavailable: %s", e)
             lag = cached

@@ -12,7 +12,7 @@ from pathlib import Path
 import sparkpoint
 
 REFERENCE = Path(__file__).resolve().parents[3] / "docs" / "reference.md"
-USER_CLASSES = ["Pipeline", "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState", "MapState",
+USER_CLASSES = ["Pipeline", "Stream", "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState", "MapState",
                 "TimerValues", "ExpiredTimerInfo"]
 
 

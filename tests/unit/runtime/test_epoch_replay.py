@@ -167,15 +167,19 @@ def test_the_sink_part_of_a_checkpoint_is_declined_while_an_epoch_it_would_publi
     from sparkpoint.runtime.snapshots import SnapshotSteps
 
     class Job(SnapshotSteps):
-        sink_participant, source_participant = "sink:kafka", "source:events"
-        operator, epoch, max_event_time, records, positions = None, 3, None, 0, {}
+        operators: dict = {}
+        epoch, max_event_time, records, source_positions = 3, None, 0, {"events": {}}
         _origin = _origin_path = None
+
+        class event_times:
+            max_event_time: dict = {}
 
         def _watermark(self) -> None:
             return None
 
     job = Job()
     job.coordinator, job.sink, job.faults = RecordingCoordinator(), CountingSink(), ParticipantFaults.from_rules([])
+    job.sinks = {"kafka": job.sink}
     job.epoch_plans = EpochReplay(plan_log)
     job.epoch_plans.begin(None)
     plan_log.fs.down = True

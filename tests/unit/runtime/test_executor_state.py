@@ -266,12 +266,12 @@ def recut(d: Driver, executor_root, parallelism: int, monkeypatch) -> None:
     monkeypatch.setattr(stage, "restore_state", in_process)
     old = {0: d.lineages.handle(0)[0]}
     lineages = Lineages("totals", parallelism, MAXP, materialize_interval_ms=3_600_000, max_changelogs=1000)
-    driver = SimpleNamespace(lineages=lineages, local_root=str(executor_root), storage_ref=d.storage, P=parallelism,
+    driver = SimpleNamespace(lineages_of={"totals": lineages}, local_root=str(executor_root), storage_ref=d.storage, P=parallelism,
                              settings=SimpleNamespace(max_parallelism=MAXP), operator=op(), _spark=None,
                              job_name="job", progress=SimpleNamespace(announce=lambda line: None),
                              state_memory=StateMemory())
     data = CompletedCheckpointData("job", 1, 0, 0, {"job": {"epoch": d.epoch}})
-    RestoreSteps._redistribute_state(driver, data, old, d.storage, savepoint=None)
+    RestoreSteps._redistribute_state(driver, "totals", data, old, d.storage, savepoint=None)
     d.lineages, d.parallelism = lineages, parallelism
 
 
