@@ -11,15 +11,18 @@ require_supported_pyspark()
 
 from sparkpoint.api import (  # noqa: E402
     ExpiredTimerInfo,
+    IntervalJoin,
     KeyedAggregate,
     ListState,
     MapState,
     ProcessorOperator,
     StatefulProcessor,
     StatefulProcessorHandle,
+    StreamJoin,
     TimerValues,
     TumblingWindow,
     ValueState,
+    WindowJoin,
 )
 from sparkpoint.api import pipeline as _pipeline  # noqa: E402
 from sparkpoint.api.pipeline import Pipeline, Stream  # noqa: E402
@@ -57,8 +60,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'sparkpoint' has no attribute {name!r}")
 
 __all__ = [
-    "run", "Pipeline", "Stream", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "DeltaSink", "KafkaSource",
-    "KafkaSink", "KeyedAggregate",
+    "run", "Pipeline", "Stream", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "DeltaSink",
+    "KafkaSource", "KafkaSink", "KeyedAggregate", "IntervalJoin", "WindowJoin", "StreamJoin",
     "TumblingWindow", "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle", "ValueState", "ListState",
     "MapState", "TimerValues", "ExpiredTimerInfo", "read_state", "read_timers",
 ]
