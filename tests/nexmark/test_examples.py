@@ -39,8 +39,8 @@ EVENTS = 20_000
 SEED = 0
 RATE = 500
 FILES = 20  # per stream; nexmark_input reads 10 per epoch
-# The examples the current pipeline API can express; the rest of the references wait for
-# windows (docs/nexmark.md).
+# The queries the pipeline API can express today, each with its reference; the others
+# wait for windows and aggregates (docs/nexmark.md).
 EXPRESSIBLE = ["q0", "q1", "q2", "q3", "q4", "q7", "q8", "q9", "q10", "q13", "q14", "q20", "q21"]
 
 # Queries whose result updates as input comes (Flink's updating tables), with the key
