@@ -64,6 +64,9 @@ RESTORE_OUTAGE_S = 3.0  # a storage outage during restore, as operators see them
 SUMMARY = re.compile(r"^job (\S+) (\w+): (\d+) epochs, .* (\d+) checkpoints completed, (\d+) failed, (\d+) restarts")
 OUTPUT_LINE = re.compile(r"^\s*exactly-once output : (\S+)")
 RESTARTING = re.compile(r"job status \w+ -> RESTARTING")
+ENDED_WITH_ERROR = re.compile(r"^sparkpoint: error: (.*)")
+FAILING_OVER = re.compile(r" failing over: (.*)")
+UNCAUGHT = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)(?:: .*)?)$")  # a traceback's last line
 DROPPED_COLUMNS = ("epoch",)
 
 
@@ -169,6 +172,19 @@ class Run:
                 if m:
                     return {"status": m.group(2), "completed": int(m.group(4)), "failed": int(m.group(5)),
                             "restarts": int(m.group(6))}
+        return None
+
+    def cause(self) -> str | None:
+        """Why the run ended, in its own words: the last error line it printed (`sparkpoint:
+        error:`, an uncaught exception's line, a failover). The report keeps it, so a
+        failure stays explainable when the run's log is gone (a CI machine's temporary
+        directory)."""
+        with self._cond:
+            lines = list(self.lines)
+        for line in reversed(lines):
+            m = ENDED_WITH_ERROR.search(line) or UNCAUGHT.search(line) or FAILING_OVER.search(line)
+            if m:
+                return m.group(1)[:300]
         return None
 
     def tail(self, n: int = 15) -> str:
@@ -677,7 +693,9 @@ class Chaos:
         summary = last.summary()
         verdict.restarts += sum(r.count(RESTARTING) for r in runs)
         if rc != 0 or not summary or summary["status"] != "FINISHED":
-            verdict.fail(f"the last run ended with exit code {rc}, not FINISHED; see {last.log}")
+            cause = last.cause()
+            verdict.fail(f"the last run ended with exit code {rc}, not FINISHED"
+                         + (f" ({cause})" if cause else "") + f"; see {last.log}")
         got = self.output_rows(rundir)
         diff = compare(self.expected, got)
         verdict.lost, verdict.duplicated = diff["lost"], diff["duplicated"]
