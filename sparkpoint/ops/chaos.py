@@ -58,6 +58,10 @@ import click
 
 FAULTS = ("kill9", "outage", "corrupt", "second", "executor-kill", "restore-outage")
 RUN_DIR_ENV = "SPARKPOINT_CHAOS_RUN_DIR"
+# Set (to "1") for a run that chaos leaves alone once it has restored (a storm's last
+# segment, which only has to finish): a pipeline may drop pacing that only keeps it from
+# outrunning the faults, and finish sooner.
+FAULTS_DONE_ENV = "SPARKPOINT_CHAOS_FAULTS_DONE"
 COMPLETED = re.compile(r"completed checkpoint (\d+) of job")
 TRIGGERED_FORCED = re.compile(r"triggering checkpoint (\d+) @ \d+ for job .*, forced\)")
 RESTORE_OUTAGE_S = 3.0  # a storage outage during restore, as operators see them (a few seconds)
@@ -616,7 +620,7 @@ class Chaos:
                                            rundir=str(rundir)))
         return wrapper
 
-    def launch(self, rundir: Path, name: str, extra: list[str] | None = None) -> Run:
+    def launch(self, rundir: Path, name: str, extra: list[str] | None = None, faults_done: bool = False) -> Run:
         if not (rundir / "chaos_pipeline.py").exists():
             self.run_pipeline(rundir)
             if self.output.kind == "kafka":
@@ -624,6 +628,9 @@ class Chaos:
                               self.output.partitions)
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
         env[RUN_DIR_ENV] = str(rundir)
+        env.pop(FAULTS_DONE_ENV, None)
+        if faults_done:
+            env[FAULTS_DONE_ENV] = "1"
         run = Run(self.command(rundir, extra or []), rundir, env, rundir / f"{name}.log")
         with self._runs_lock:
             self.runs.append(run)
@@ -1010,7 +1017,8 @@ class Chaos:
                 mine["outage"].injected = f"storage fails for checkpoints {ids[0]}-{ids[-1]}"
             if "restore-outage" in self.faults and i > 0:
                 rules += self.restore_outage_rules(rundir / f"restore-outage-{i}.window")
-            run = self.launch(rundir, f"segment-{i}", [*extra_base, f"sparkpoint.faults={json.dumps(rules)}"])
+            run = self.launch(rundir, f"segment-{i}", [*extra_base, f"sparkpoint.faults={json.dumps(rules)}"],
+                              faults_done=seed is None)
             runs.append(run)
             if i > 0:
                 started = run.wait_for(re.compile(r" RUNNING epoch |job \S+ (FINISHED|FAILED)"), self.timeout)

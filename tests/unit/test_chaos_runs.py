@@ -1,5 +1,5 @@
-"""`sparkpoint chaos` verdicts say why a run did not finish, in the run's own words: the
-report is often all that is left of a CI run (its logs go with the temporary directory)."""
+"""`sparkpoint chaos`: the verdict of a run that did not finish says why, in the run's own
+words (the report is often all that is left of a CI run), and what a run is told."""
 
 from __future__ import annotations
 
@@ -46,3 +46,20 @@ def test_a_run_that_only_failed_over_is_judged_with_its_last_failover(tmp_path: 
     run = _run(tmp_path, "print('... job j failing over: IOException: Broken pipe (full trace: t.txt)')\n"
                          "print('... job j failing over: StorageError: read failed (full trace: u.txt)')")
     assert "(StorageError: read failed (full trace: u.txt))" in _judged(tmp_path, run, 0).notes[0]
+
+
+def test_only_a_run_chaos_leaves_alone_is_told_it_may_run_unpaced(tmp_path: Path, monkeypatch) -> None:
+    """A storm's last segment gets SPARKPOINT_CHAOS_FAULTS_DONE=1 (its pipeline may drop
+    the pacing that keeps it from outrunning the faults); no other run gets it, even when
+    the chaos command itself runs with it set."""
+    import sparkpoint.ops.chaos as chaos_module
+
+    started: list[dict[str, str]] = []
+    monkeypatch.setattr(chaos_module, "Run", lambda cmd, cwd, env, log: started.append(env) or object())
+    monkeypatch.setenv(chaos_module.FAULTS_DONE_ENV, "1")
+    chaos = Chaos(str(tmp_path / "pipeline.py"), None, (), ["kill9"], 1, tmp_path, timeout=60, kills=None)
+    chaos.output = Output("parquet", "out")
+    rundir = tmp_path / "storm"
+    chaos.launch(rundir, "segment-0")
+    chaos.launch(rundir, "segment-1", faults_done=True)
+    assert [env.get(chaos_module.FAULTS_DONE_ENV) for env in started] == [None, "1"]
