@@ -58,12 +58,19 @@ import click
 
 FAULTS = ("kill9", "outage", "corrupt", "second", "executor-kill", "restore-outage")
 RUN_DIR_ENV = "SPARKPOINT_CHAOS_RUN_DIR"
+# Set (to "1") for a run that chaos leaves alone once it has restored (a storm's last
+# segment, which only has to finish): a pipeline may drop pacing that only keeps it from
+# outrunning the faults, and finish sooner.
+FAULTS_DONE_ENV = "SPARKPOINT_CHAOS_FAULTS_DONE"
 COMPLETED = re.compile(r"completed checkpoint (\d+) of job")
 TRIGGERED_FORCED = re.compile(r"triggering checkpoint (\d+) @ \d+ for job .*, forced\)")
 RESTORE_OUTAGE_S = 3.0  # a storage outage during restore, as operators see them (a few seconds)
 SUMMARY = re.compile(r"^job (\S+) (\w+): (\d+) epochs, .* (\d+) checkpoints completed, (\d+) failed, (\d+) restarts")
 OUTPUT_LINE = re.compile(r"^\s*exactly-once output : (\S+)")
 RESTARTING = re.compile(r"job status \w+ -> RESTARTING")
+ENDED_WITH_ERROR = re.compile(r"^sparkpoint: error: (.*)")
+FAILING_OVER = re.compile(r" failing over: (.*)")
+UNCAUGHT = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)(?:: .*)?)$")  # a traceback's last line
 DROPPED_COLUMNS = ("epoch",)
 
 
@@ -169,6 +176,19 @@ class Run:
                 if m:
                     return {"status": m.group(2), "completed": int(m.group(4)), "failed": int(m.group(5)),
                             "restarts": int(m.group(6))}
+        return None
+
+    def cause(self) -> str | None:
+        """Why the run ended, in its own words: the last error line it printed (`sparkpoint:
+        error:`, an uncaught exception's line, a failover). The report keeps it, so a
+        failure stays explainable when the run's log is gone (a CI machine's temporary
+        directory)."""
+        with self._cond:
+            lines = list(self.lines)
+        for line in reversed(lines):
+            m = ENDED_WITH_ERROR.search(line) or UNCAUGHT.search(line) or FAILING_OVER.search(line)
+            if m:
+                return m.group(1)[:300]
         return None
 
     def tail(self, n: int = 15) -> str:
@@ -601,7 +621,7 @@ class Chaos:
                                            rundir=str(rundir)))
         return wrapper
 
-    def launch(self, rundir: Path, name: str, extra: list[str] | None = None) -> Run:
+    def launch(self, rundir: Path, name: str, extra: list[str] | None = None, faults_done: bool = False) -> Run:
         if not (rundir / "chaos_pipeline.py").exists():
             self.run_pipeline(rundir)
             if self.output.kind == "kafka":
@@ -609,6 +629,9 @@ class Chaos:
                               self.output.partitions)
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
         env[RUN_DIR_ENV] = str(rundir)
+        env.pop(FAULTS_DONE_ENV, None)
+        if faults_done:
+            env[FAULTS_DONE_ENV] = "1"
         run = Run(self.command(rundir, extra or []), rundir, env, rundir / f"{name}.log")
         with self._runs_lock:
             self.runs.append(run)
@@ -678,7 +701,9 @@ class Chaos:
         summary = last.summary()
         verdict.restarts += sum(r.count(RESTARTING) for r in runs)
         if rc != 0 or not summary or summary["status"] != "FINISHED":
-            verdict.fail(f"the last run ended with exit code {rc}, not FINISHED; see {last.log}")
+            cause = last.cause()
+            verdict.fail(f"the last run ended with exit code {rc}, not FINISHED"
+                         + (f" ({cause})" if cause else "") + f"; see {last.log}")
         got = self.output_rows(rundir)
         diff = compare(self.expected, got)
         verdict.lost, verdict.duplicated = diff["lost"], diff["duplicated"]
@@ -993,7 +1018,8 @@ class Chaos:
                 mine["outage"].injected = f"storage fails for checkpoints {ids[0]}-{ids[-1]}"
             if "restore-outage" in self.faults and i > 0:
                 rules += self.restore_outage_rules(rundir / f"restore-outage-{i}.window")
-            run = self.launch(rundir, f"segment-{i}", [*extra_base, f"sparkpoint.faults={json.dumps(rules)}"])
+            run = self.launch(rundir, f"segment-{i}", [*extra_base, f"sparkpoint.faults={json.dumps(rules)}"],
+                              faults_done=seed is None)
             runs.append(run)
             if i > 0:
                 started = run.wait_for(re.compile(r" RUNNING epoch |job \S+ (FINISHED|FAILED)"), self.timeout)
