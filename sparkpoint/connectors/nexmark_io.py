@@ -40,9 +40,10 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
-def nexmark_input(stream: str, *, max_files_per_epoch: int = 10) -> Source:
+def nexmark_input(stream: str, *, max_files_per_epoch: int | None = None) -> Source:
     """The source of one stream: Parquet files under $NEXMARK_INPUT/<stream>/ when
-    NEXMARK_INPUT is set, else the generator (NEXMARK_EVENTS, NEXMARK_SEED)."""
+    NEXMARK_INPUT is set (NEXMARK_FILES_PER_EPOCH of them per epoch, default 10), else the
+    generator (NEXMARK_EVENTS, NEXMARK_SEED)."""
     check_stream(stream)
     directory = os.environ.get("NEXMARK_INPUT")
     if directory:
@@ -50,6 +51,8 @@ def nexmark_input(stream: str, *, max_files_per_epoch: int = 10) -> Source:
         if not os.path.isdir(path):
             raise ConfigError(f"NEXMARK_INPUT={directory} has no {stream}/ directory: write the input with "
                               f"`sparkpoint nexmark generate --events N --out {directory}`")
+        if max_files_per_epoch is None:
+            max_files_per_epoch = _env_int("NEXMARK_FILES_PER_EPOCH", 10) or 10
         return FileSource(path, format="parquet", schema=DDL[stream], name=stream, bounded=True,
                           max_files_per_epoch=max_files_per_epoch)
     return NexmarkSource(stream, events=_env_int("NEXMARK_EVENTS", DEFAULT_EVENTS),

@@ -6,16 +6,24 @@ order; for each stateful step the sink its output can be staged to on the execut
 sink the node its rows come from and the output maps on the way.
 
 `EventTimes` keeps each watermark's largest event time seen and when its stream last
-brought rows, and gives each step its watermark: the minimum over the watermarks
-upstream of it, leaving out a stream idle for longer than its `idle_timeout` (Flink's
-idleness); when every one is idle, the largest. Streams without a watermark do not hold
-a step back (Spark's rule: the minimum is over the inputs that declare event time).
+brought rows, and gives each step its watermark: the minimum over its inputs, leaving out
+a stream idle for longer than its `idle_timeout` (Flink's idleness); when every one is
+idle, the largest. Streams without a watermark do not hold a step back (Spark's rule: the
+minimum is over the inputs that declare event time).
+
+An input that comes out of another stateful step counts with the watermark that step ran
+under in the previous epoch, not in this one: each stateful hop runs one epoch behind in
+event time. In Flink an operator emits what a watermark fires before it forwards that
+watermark, so the rows a window fires at W reach the next operator while its watermark is
+still below W. Here every step of an epoch runs under a watermark fixed before the epoch;
+giving the next step the same W would make it drop those rows as late (and clean up their
+join partners). The watermarks steps ran under are checkpointed with the job.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from sparkpoint.api.pipeline import (MapOutputNode, Node, Pipeline, SinkNode, SourceNode, StatefulNode,
                                      WatermarkNode, upstream_of)
@@ -36,7 +44,8 @@ class JobGraph:
     steps: list[StatefulNode]
     sinks: list[SinkNode]
     watermark_keys: dict[WatermarkNode, str]
-    step_watermarks: dict[str, list[str]]  # step name -> watermark keys upstream of it
+    step_watermarks: dict[str, list[str]]  # step name -> watermark keys upstream of it, no step between
+    step_upstreams: dict[str, list[str]]  # step name -> the nearest stateful steps upstream of it
     staged: dict[str, SinkNode] = field(default_factory=dict)  # step name -> the sink its output stages to
     sink_inputs: dict[SinkNode, SinkInput] = field(default_factory=dict)
     folded_maps: set[Node] = field(default_factory=set)  # output maps a sink applies itself
@@ -61,7 +70,8 @@ class JobGraph:
                 keys[n] = key
         steps = [n for n in order if isinstance(n, StatefulNode)]
         graph = cls(order, consumers, [n for n in order if isinstance(n, SourceNode)], steps, sinks, keys,
-                    {s.name: _nearest_watermarks(s, keys) for s in steps})
+                    {s.name: _nearest_watermarks(s, keys) for s in steps},
+                    {s.name: _nearest_steps(s) for s in steps})
         for sink in sinks:
             base, maps = sink.parents[0], []
             while isinstance(base, MapOutputNode) and len(consumers[base]) == 1:
@@ -93,19 +103,27 @@ class JobGraph:
 
 
 def _nearest_watermarks(node: Node, keys: Mapping[WatermarkNode, str]) -> list[str]:
-    found: list[str] = []
+    return sorted({keys[n] for n in _nearest(node) if isinstance(n, WatermarkNode)})
+
+
+def _nearest_steps(node: Node) -> list[str]:
+    return sorted({n.name for n in _nearest(node) if isinstance(n, StatefulNode)})
+
+
+def _nearest(node: Node) -> list[Node]:
+    """The watermarks and stateful steps upstream of `node` with none of either between."""
+    found: list[Node] = []
     todo, seen = list(node.parents), set()
     while todo:
         n = todo.pop()
         if n in seen:
             continue
         seen.add(n)
-        if isinstance(n, WatermarkNode):
-            if keys[n] not in found:
-                found.append(keys[n])
+        if isinstance(n, (WatermarkNode, StatefulNode)):
+            found.append(n)
             continue
         todo.extend(n.parents)
-    return sorted(found)
+    return found
 
 
 def _only_path(step: StatefulNode, sink: SinkNode, consumers: Mapping[Node, list[Node]]) -> bool:
@@ -121,21 +139,33 @@ def _only_path(step: StatefulNode, sink: SinkNode, consumers: Mapping[Node, list
 class EventTimes:
     """Per watermark: the largest event time seen (checkpointed) and when its stream last
     brought rows (this run only: after a restore every stream counts as active again,
-    as Flink's sources start active)."""
+    as Flink's sources start active). Per step: the watermark it last ran under
+    (checkpointed), which the steps after it take one epoch later."""
 
     def __init__(self, graph: JobGraph):
         self.delay = {k: n.watermark.delay_ms for n, k in graph.watermark_keys.items()}
         self.idle_timeout = {k: n.watermark.idle_timeout_ms for n, k in graph.watermark_keys.items()}
         self.step_inputs = graph.step_watermarks
+        self.step_upstreams = graph.step_upstreams
         self.max_event_time: dict[str, int | None] = {k: None for k in self.delay}
         self.active_since: dict[str, int | None] = {k: None for k in self.delay}
+        self.step_marks: dict[str, int | None] = {s: None for s in graph.step_upstreams}
 
-    def reset(self, restored: Mapping[str, Any] | None = None) -> None:
+    def reset(self, restored: Mapping[str, Any] | None = None,
+              step_marks: Mapping[str, Any] | None = None) -> None:
         self.max_event_time = {k: None for k in self.delay}
         for k, v in (restored or {}).items():
             if k in self.max_event_time and v is not None:
                 self.max_event_time[k] = int(v)
         self.active_since = {k: None for k in self.delay}
+        self.step_marks = {s: None for s in self.step_marks}
+        for s, v in (step_marks or {}).items():
+            if s in self.step_marks and v is not None:
+                self.step_marks[s] = int(v)
+
+    def ran(self, step: str, watermark: int | None) -> None:
+        """`step` ran an epoch under `watermark`: the steps it feeds take it next epoch."""
+        self.step_marks[step] = watermark
 
     def observe(self, key: str, rows: int, max_ts: int | None, now_ms: int) -> None:
         if rows or self.active_since[key] is None:
@@ -152,20 +182,22 @@ class EventTimes:
         m = self.max_event_time[key]
         return None if m is None else m - self.delay[key]
 
-    def combined(self, keys: list[str], now_ms: int) -> int | None:
-        """The minimum watermark over `keys`, idle ones left out (all idle: the largest).
-        None while an active input has none yet."""
-        if not keys:
+    def combined(self, keys: list[str], now_ms: int, upstream_marks: Sequence[int | None] = ()) -> int | None:
+        """The minimum watermark over `keys` and `upstream_marks`, idle keys left out (all
+        idle: the largest). None while an active input has none yet."""
+        inputs = [(self.watermark(k), self.idle(k, now_ms)) for k in keys]
+        inputs += [(w, False) for w in upstream_marks]
+        if not inputs:
             return None
-        active = [k for k in keys if not self.idle(k, now_ms)]
+        active = [w for w, idle in inputs if not idle]
         if not active:
-            marks = [w for w in (self.watermark(k) for k in keys) if w is not None]
+            marks = [w for w, _ in inputs if w is not None]
             return max(marks) if marks else None
-        marks = [self.watermark(k) for k in active]
-        return None if any(w is None for w in marks) else min(marks)  # type: ignore[type-var]
+        return None if any(w is None for w in active) else min(active)  # type: ignore[type-var]
 
     def for_step(self, step: str, now_ms: int) -> int | None:
-        return self.combined(self.step_inputs.get(step, []), now_ms)
+        upstream = [self.step_marks.get(s) for s in self.step_upstreams.get(step, [])]
+        return self.combined(self.step_inputs.get(step, []), now_ms, upstream)
 
     def job_watermark(self, now_ms: int) -> int | None:
         """The whole job's: the minimum over every watermark (what progress and metrics show)."""

@@ -787,6 +787,9 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             self.replayed_records += records
         for key, (rows, max_ts) in result.event_times.items():
             self.event_times.observe(key, rows, max_ts, now_ms)
+        if not final:
+            for step, watermark in watermarks.items():
+                self.event_times.ran(step, watermark)
         self.progress.on_epoch(result, result.output_rows, records)
         # 6.
         for barrier in carried:

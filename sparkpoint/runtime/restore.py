@@ -177,7 +177,7 @@ class RestoreSteps:
         event_times = job.get("event_times")
         if event_times is None and len(self.event_times.delay) == 1:  # taken before graphs: one watermark
             event_times = {next(iter(self.event_times.delay)): job.get("max_event_time")}
-        self.event_times.reset(event_times)
+        self.event_times.reset(event_times, job.get("step_watermarks"))
         self.restored_from = data.checkpoint_id
         for name, src in self.sources.items():
             handle = handles.get(f"source:{name}")

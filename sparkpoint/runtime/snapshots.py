@@ -34,6 +34,8 @@ class SnapshotSteps:
         job = {"epoch": self.epoch, "max_event_time": self.max_event_time, "watermark": self._watermark(),
                # each watermarked stream's largest event time, by watermark (runtime/graph.py)
                "event_times": dict(self.event_times.max_event_time),
+               # the watermark each step last ran under: the steps after it take it next
+               "step_watermarks": dict(self.event_times.step_marks),
                "records": self.records, "origin": self._origin,
                # The line of epochs this checkpoint is on: a failover to it replays that
                # line's logged epochs (runtime/epoch_replay.py).

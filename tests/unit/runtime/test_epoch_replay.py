@@ -173,6 +173,7 @@ def test_the_sink_part_of_a_checkpoint_is_declined_while_an_epoch_it_would_publi
 
         class event_times:
             max_event_time: dict = {}
+            step_marks: dict = {}
 
         def _watermark(self) -> None:
             return None

@@ -29,16 +29,35 @@ def two_inputs() -> JobGraph:
 
 def test_a_step_after_a_join_takes_the_minimum_of_both_inputs_watermarks():
     graph = two_inputs()
-    assert graph.step_watermarks == {"matched": ["orders", "payments"], "per_customer": ["orders", "payments"],
+    assert graph.step_watermarks == {"matched": ["orders", "payments"], "per_customer": [],
                                      "orders_only": ["orders"]}
+    assert graph.step_upstreams == {"matched": [], "per_customer": ["matched"], "orders_only": []}
     times = EventTimes(graph)
     times.observe("orders", 10, 100_000, now_ms=0)
     assert times.for_step("matched", 0) is None, "an input without a watermark yet holds the step back"
     assert times.for_step("orders_only", 0) == 95_000, "a stream without a watermark does not hold a step back"
     times.observe("payments", 10, 50_000, now_ms=0)
     assert times.for_step("matched", 0) == 49_000
-    assert times.for_step("per_customer", 0) == 49_000, "a step's output carries its watermark on"
     assert times.job_watermark(0) == 49_000
+
+
+def test_a_step_after_a_stateful_step_runs_one_epoch_behind_it_in_event_time():
+    """The rows `matched` emits under watermark W reach `per_customer` while its watermark
+    is still the one `matched` ran under the epoch before (Flink forwards a watermark after
+    the rows it fired): they are on time there."""
+    times = EventTimes(two_inputs())
+    times.observe("orders", 10, 100_000, now_ms=0)
+    times.observe("payments", 10, 50_000, now_ms=0)
+    assert times.for_step("per_customer", 0) is None, "matched has not run yet"
+    times.ran("matched", times.for_step("matched", 0))
+    assert times.for_step("per_customer", 0) == 49_000, "a step's output carries its watermark on, one epoch later"
+    times.observe("payments", 10, 90_000, now_ms=1)
+    assert times.for_step("matched", 1) == 89_000
+    assert times.for_step("per_customer", 1) == 49_000
+    times.ran("matched", 89_000)
+    times.reset({"orders": 100_000, "payments": 90_000}, {"matched": 89_000, "gone": 5})
+    assert times.step_marks == {"matched": 89_000, "per_customer": None, "orders_only": None}
+    assert times.for_step("per_customer", 0) == 89_000, "restored from the checkpoint"
 
 
 def test_an_input_idle_past_its_timeout_stops_holding_the_watermark_back_until_it_sends_again():
