@@ -22,7 +22,7 @@ from sparkpoint import FileSource, IntervalJoin, ParquetSink, Pipeline, Tumbling
 from sparkpoint.runtime.jobmaster import JobMaster
 from sparkpoint.runtime.status import JobStatus
 from tests.e2e.harness import read_output
-from tests.inprocess import job_settings
+from tests.inprocess import CrashPoint, job_settings, restart, start
 
 pytestmark = pytest.mark.spark
 
@@ -45,22 +45,42 @@ def write_events(directory: Path) -> pd.DataFrame:
     return frame
 
 
-def test_rows_a_window_fires_by_the_watermark_are_on_time_for_an_interval_join_after_it(spark, tmp_path):
-    events_frame = write_events(tmp_path / "events")
+def window_then_join(tmp_path: Path) -> Pipeline:
     p = Pipeline("window-then-join")
     events = p.read(FileSource(str(tmp_path / "events"), schema=EVENTS, bounded=True, max_files_per_epoch=1,
                                name="events")).watermark("ts", "0 s")
     counts = events.stateful(TumblingWindow("per-10s", ["key"], "ts", size="10 s"))
     (events.join(counts, IntervalJoin("with-count", "key", "key", "ts", "window_end", lower=1, upper="10 s"))
      .sink(ParquetSink(str(tmp_path / "out"))))
-    job = JobMaster(p, job_settings(tmp_path, "window-then-join"), spark=spark)
-    assert job.run().status is JobStatus.FINISHED
+    return p
 
+
+def assert_every_event_has_its_count(tmp_path: Path, events_frame: pd.DataFrame, late: dict) -> None:
     got = read_output(tmp_path / "out").to_pandas()
     window = events_frame["ts"].dt.floor("10s")
     expected = events_frame.assign(count=events_frame.groupby(["key", window])["n"].transform("size"))
     got_pairs = sorted(zip(got["key"], got["n"], got["count"]))
     assert got_pairs == sorted(zip(expected["key"], expected["n"], expected["count"])), \
-        f"{len(got_pairs)} events with their count, expected {len(expected)}; rows dropped as late per step: " \
-        f"{dict(job.late_dropped_by_step)}"
+        f"{len(got_pairs)} events with their count, expected {len(expected)}; rows dropped as late per step: {late}"
     assert got["epoch"].nunique() >= 2, "some windows fired by the watermark, before the end of input"
+
+
+def test_rows_a_window_fires_by_the_watermark_are_on_time_for_an_interval_join_after_it(spark, tmp_path):
+    events_frame = write_events(tmp_path / "events")
+    job = JobMaster(window_then_join(tmp_path), job_settings(tmp_path, "window-then-join"), spark=spark)
+    assert job.run().status is JobStatus.FINISHED
+    assert_every_event_has_its_count(tmp_path, events_frame, dict(job.late_dropped_by_step))
+
+
+def test_a_window_then_join_crashed_mid_run_resumes_with_the_watermarks_its_steps_ran_under(spark, tmp_path):
+    events_frame = write_events(tmp_path / "events")
+    settings = job_settings(tmp_path, "window-then-join", **{"execution.checkpointing.interval": "200 ms"})
+    first = start(window_then_join(tmp_path), settings, spark, crash_at=CrashPoint.after_epoch(2)).wait_crashed()
+    second = restart(first, window_then_join(tmp_path), spark)
+    assert second.wait().status is JobStatus.FINISHED, second.tail()
+    restored = second.job.restored_from
+    assert restored is not None, "the second run restored a checkpoint of the first"
+    newest = max((tmp_path / "checkpoints").rglob("chk-*/_metadata"), key=lambda f: int(f.parent.name[4:]))
+    job_part = json.loads(newest.read_text())["body"]["handles"]["job"]
+    assert "per-10s" in job_part["step_watermarks"], "checkpoints keep the watermark each step ran under"
+    assert_every_event_has_its_count(tmp_path, events_frame, dict(second.job.late_dropped_by_step))
