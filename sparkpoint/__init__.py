@@ -11,6 +11,7 @@ require_supported_pyspark()
 
 from sparkpoint.api import (  # noqa: E402
     CumulateWindow,
+    Deduplicate,
     ExpiredTimerInfo,
     IntervalJoin,
     KeyedAggregate,
@@ -65,7 +66,7 @@ def __getattr__(name: str):
 __all__ = [
     "run", "Pipeline", "Stream", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "DeltaSink",
     "KafkaSource", "KafkaSink", "KeyedAggregate", "IntervalJoin", "WindowJoin", "StreamJoin",
-    "TumblingWindow", "SlidingWindow", "SessionWindow", "CumulateWindow", "ProcessorOperator", "StatefulProcessor",
+    "TumblingWindow", "SlidingWindow", "SessionWindow", "CumulateWindow", "Deduplicate", "ProcessorOperator", "StatefulProcessor",
     "StatefulProcessorHandle", "ValueState", "ListState", "MapState", "TimerValues", "ExpiredTimerInfo", "read_state",
     "read_timers",
 ]

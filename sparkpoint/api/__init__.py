@@ -1,6 +1,7 @@
 """The user-facing API of keyed stateful steps."""
 
 from sparkpoint.api.aggregate import KeyedAggregate
+from sparkpoint.api.dedup import Deduplicate
 from sparkpoint.api.join import IntervalJoin, StreamJoin, WindowJoin
 from sparkpoint.api.processor import (ExpiredTimerInfo, ListState, MapState, ProcessorOperator, StatefulProcessor,
                                       StatefulProcessorHandle, TimerValues, ValueState)
@@ -10,5 +11,5 @@ from sparkpoint.api.windows import CumulateWindow, SessionWindow, SlidingWindow
 __all__ = [
     "KeyedAggregate", "TumblingWindow", "SlidingWindow", "SessionWindow", "CumulateWindow", "IntervalJoin",
     "WindowJoin", "StreamJoin", "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle", "ValueState",
-    "ListState", "MapState", "TimerValues", "ExpiredTimerInfo",
+    "ListState", "MapState", "TimerValues", "ExpiredTimerInfo", "Deduplicate",
 ]
