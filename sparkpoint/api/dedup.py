@@ -37,10 +37,11 @@ import pyarrow.compute as pc
 from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
 from sparkpoint.errors import ConfigError
+from sparkpoint.state.counters import StoredCounter
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
 from sparkpoint.state.keys import encode_timestamp, encode_user_keys, group_prefix, key_group_range, namespace
 
-_DROPPED_META = "dedup_dropped"
+_DROPPED = StoredCounter("dedup_dropped")
 _INPUT_SCHEMA_META = "dedup_input_schema"
 _TS_LEN = 8
 
@@ -88,8 +89,7 @@ class Deduplicate(StatefulOperator):
     @staticmethod
     def dropped_count(store) -> int:
         """Rows dropped so far as late (committed + this epoch)."""
-        raw = store.get_meta(_DROPPED_META)
-        return 0 if raw is None else int.from_bytes(raw, "big")
+        return _DROPPED.value(store)
 
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
         self.keys.ensure(store, rows)
@@ -104,8 +104,7 @@ class Deduplicate(StatefulOperator):
         times = np.asarray(ms.to_numpy(zero_copy_only=False), dtype=np.int64)
         on_time = times >= watermark if watermark is not None else times > np.iinfo(np.int64).min
         dropped = int(rows.num_rows - on_time.sum())
-        if dropped:  # late rows, and rows without an event time, which no watermark can release
-            store.put_meta(_DROPPED_META, (self.dropped_count(store) + dropped).to_bytes(8, "big"))
+        _DROPPED.add(store, dropped)  # late rows, and rows without an event time, which no watermark releases
         candidates = np.flatnonzero(on_time)
         # The earliest row of each key this epoch (a stable sort keeps input order on ties).
         candidates = candidates[np.argsort(times[candidates], kind="stable")]

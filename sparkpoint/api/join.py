@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
 from sparkpoint.errors import ConfigError
+from sparkpoint.state.counters import StoredCounter
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
 from sparkpoint.state.keys import (decode_timestamp, encode_timestamp, encode_user_keys, group_prefix,
                                    key_group_range, namespace)
@@ -58,7 +59,7 @@ WINDOW_END = "window_end"
 HOWS = ("inner", "left", "right")
 
 _INPUT_SCHEMA_META = "join_input_schema"
-_DROPPED_META = "join_dropped"
+_DROPPED = StoredCounter("join_dropped")
 _UNMATCHED, _MATCHED = b"\x00", b"\x01"  # an interval-join row's last value byte
 _ID_LEN = 12  # <epoch: 8><position: 4>
 _TS_LEN = 8
@@ -290,12 +291,10 @@ class _Join(StatefulOperator):
     @staticmethod
     def dropped_count(store) -> int:
         """Rows dropped so far as late or without event time (committed + this epoch)."""
-        raw = store.get_meta(_DROPPED_META)
-        return 0 if raw is None else int.from_bytes(raw, "big")
+        return _DROPPED.value(store)
 
     def _count_dropped(self, store, n: int) -> None:
-        if n:
-            store.put_meta(_DROPPED_META, (self.dropped_count(store) + n).to_bytes(8, "big"))
+        _DROPPED.add(store, n)
 
     def _ensure(self, store, rows: pa.Table) -> None:
         """Know the input's types in a worker: the rows in state are decoded with the

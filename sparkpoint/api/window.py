@@ -40,6 +40,7 @@ from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, parse_value_type, require_key_groups
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.codec import FixedWidthCodec
+from sparkpoint.state.counters import StoredCounter
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
 from sparkpoint.state.keys import (decode_fixed_user_keys, decodes_column_wise, encode_state_keys, encode_timestamp,
                                    group_prefix, key_columns_from_plain, key_group_range, namespace,
@@ -51,7 +52,7 @@ P_COUNT, P_SUM = "__count", "__sum"
 _NS_WINDOW = namespace("win")
 _NS_FIRE = namespace("win-fire")
 _NS_CLEANUP = namespace("win-cleanup")
-_DROPPED_META = "dropped"
+_DROPPED = StoredCounter("dropped")
 _TO_END = 1 << 30  # binary_slice's stop for "to the end" (stop=None fails in pyarrow 21)
 
 
@@ -138,8 +139,7 @@ class TumblingWindow(StatefulOperator):
     @staticmethod
     def dropped_count(store) -> int:
         """Rows dropped so far as late beyond the allowed lateness (committed + this epoch)."""
-        raw = store.get_meta(_DROPPED_META)
-        return 0 if raw is None else int.from_bytes(raw, "big")
+        return _DROPPED.value(store)
 
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
         self.keys.ensure(store, rows)
@@ -184,7 +184,7 @@ class TumblingWindow(StatefulOperator):
             late = ends + self.allowed_lateness_ms <= watermark
             if late.any():
                 dropped = int(partials.column(P_COUNT).to_numpy()[late].sum())
-                store.put_meta(_DROPPED_META, (self.dropped_count(store) + dropped).to_bytes(8, "big"))
+                _DROPPED.add(store, dropped)
                 partials = partials.filter(pa.array(~late))
                 starts, ends = starts[~late], ends[~late]
         if partials.num_rows == 0:

@@ -31,13 +31,14 @@ from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema
 from sparkpoint.api.windows.aggs import WindowAggregates
 from sparkpoint.state.codec import FixedWidthCodec
+from sparkpoint.state.counters import StoredCounter
 from sparkpoint.state.keys import decode_timestamp, encode_timestamp, group_prefix, key_columns_from_plain, namespace
 
 FINAL, UPDATE = "final", "update"
 OUTPUT_MODES = (FINAL, UPDATE)
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 LATE = "late"
-_DROPPED_META = "dropped"
+_DROPPED = StoredCounter("dropped")
 
 
 @dataclass
@@ -162,12 +163,10 @@ class WindowState:
     # -- counters -----------------------------------------------------------------------
     @staticmethod
     def dropped_count(store) -> int:
-        raw = store.get_meta(_DROPPED_META)
-        return 0 if raw is None else int.from_bytes(raw, "big")
+        return _DROPPED.value(store)
 
     def count_dropped(self, store, rows: int) -> None:
-        if rows:
-            store.put_meta(_DROPPED_META, (self.dropped_count(store) + int(rows)).to_bytes(8, "big"))
+        _DROPPED.add(store, rows)
 
     # -- output -------------------------------------------------------------------------
     def output_fields(self, time_kind: str) -> list[pa.Field]:
