@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
+from sparkpoint.api.durations import duration_ms
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.counters import StoredCounter
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
@@ -55,8 +56,6 @@ class Deduplicate(StatefulOperator):
 
     def __init__(self, name: str, key_columns: str | Sequence[str], time_column: str, within: int | str, *,
                  key_schema: Any = None):
-        from sparkpoint.api.windows.base import duration_ms
-
         what = f"Deduplicate {name!r}"
         self.name = name
         self.key_columns = [key_columns] if isinstance(key_columns, str) else list(key_columns)

@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
+from sparkpoint.api.durations import duration_ms, signed_duration_ms
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.counters import StoredCounter
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
@@ -71,19 +72,6 @@ def _column_list(value: str | Sequence[str], what: str) -> list[str]:
     if not cols or not all(isinstance(c, str) and c for c in cols):
         raise ConfigError(f"{what} must name one column or a non-empty list of columns, got {value!r}")
     return cols
-
-
-def _signed_duration_ms(value: Any, what: str) -> int:
-    """A duration that may be negative: -5000, '-5 s'."""
-    from sparkpoint.config import parse_duration_ms
-
-    text = value.strip() if isinstance(value, str) else None
-    negative = text is not None and text.startswith("-")
-    try:
-        ms = parse_duration_ms(text[1:] if negative else value)
-    except ValueError as e:
-        raise ConfigError(f"{what}: {e}") from None
-    return -ms if negative else ms
 
 
 def _row_id(epoch: int, position: int) -> bytes:
@@ -425,8 +413,8 @@ class IntervalJoin(_Join):
                  right_time: str, lower: int | str, upper: int | str, how: str = "inner", *,
                  suffixes: Sequence[str] = ("", "_right")):
         super().__init__(name, left_on, right_on, how, suffixes, (left_time, right_time))
-        self.lower = _signed_duration_ms(lower, f"{self._what(name)} lower")
-        self.upper = _signed_duration_ms(upper, f"{self._what(name)} upper")
+        self.lower = signed_duration_ms(lower, f"{self._what(name)} lower")
+        self.upper = signed_duration_ms(upper, f"{self._what(name)} upper")
         if self.lower > self.upper:
             raise ConfigError(f"{self._what(name)}: lower ({self.lower} ms) must not exceed upper ({self.upper} ms)")
 
@@ -565,10 +553,8 @@ class WindowJoin(_Join):
                  right_time: str, size: int | str, slide: int | str | None = None, *,
                  suffixes: Sequence[str] = ("", "_right")):
         super().__init__(name, left_on, right_on, "inner", suffixes, (left_time, right_time))
-        from sparkpoint.api.window import _duration_ms
-
-        self.size_ms = _duration_ms(size, f"{self._what(name)} size")
-        self.slide_ms = self.size_ms if slide is None else _duration_ms(slide, f"{self._what(name)} slide")
+        self.size_ms = duration_ms(size, f"{self._what(name)} size")
+        self.slide_ms = self.size_ms if slide is None else duration_ms(slide, f"{self._what(name)} slide")
         if self.size_ms <= 0 or self.slide_ms <= 0:
             raise ConfigError(f"{self._what(name)}: size and slide must be > 0 (got {self.size_ms} ms, "
                               f"{self.slide_ms} ms)")
@@ -681,9 +667,7 @@ class StreamJoin(_Join):
     def __init__(self, name: str, left_on: str | Sequence[str], right_on: str | Sequence[str],
                  ttl: int | str | None = None, how: str = "inner", *, suffixes: Sequence[str] = ("", "_right")):
         super().__init__(name, left_on, right_on, how, suffixes)
-        from sparkpoint.api.window import _duration_ms
-
-        self.ttl_ms = None if ttl is None else _duration_ms(ttl, f"{self._what(name)} ttl")
+        self.ttl_ms = None if ttl is None else duration_ms(ttl, f"{self._what(name)} ttl")
         if self.ttl_ms is not None and self.ttl_ms <= 0:
             raise ConfigError(f"{self._what(name)}: ttl must be > 0 (got {self.ttl_ms} ms); leave it out to keep rows")
 

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, parse_value_type, require_key_groups
+from sparkpoint.api.durations import duration_ms
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.codec import FixedWidthCodec
 from sparkpoint.state.counters import StoredCounter
@@ -56,15 +57,6 @@ _DROPPED = StoredCounter("dropped")
 _TO_END = 1 << 30  # binary_slice's stop for "to the end" (stop=None fails in pyarrow 21)
 
 
-def _duration_ms(value: Any, what: str) -> int:
-    from sparkpoint.config import parse_duration_ms
-
-    try:
-        return parse_duration_ms(value)
-    except ValueError as e:
-        raise ConfigError(f"{what}: {e}") from None
-
-
 class TumblingWindow(StatefulOperator):
     def __init__(self, name: str, key_columns: Sequence[str], time_column: str,
                  size_ms: int | str | None = None, allowed_lateness_ms: int | str = 0,
@@ -74,8 +66,8 @@ class TumblingWindow(StatefulOperator):
         if (size_ms is None) == (size is None):
             raise ConfigError(f"TumblingWindow {name!r}: give the window size once, as size_ms=60000 "
                               "or size='60 s'")
-        self.size_ms = _duration_ms(size_ms if size is None else size, f"TumblingWindow {name!r} size")
-        self.allowed_lateness_ms = _duration_ms(allowed_lateness_ms if allowed_lateness is None
+        self.size_ms = duration_ms(size_ms if size is None else size, f"TumblingWindow {name!r} size")
+        self.allowed_lateness_ms = duration_ms(allowed_lateness_ms if allowed_lateness is None
                                                 else allowed_lateness, f"TumblingWindow {name!r} lateness")
         if self.size_ms <= 0 or self.allowed_lateness_ms < 0:
             raise ConfigError(f"TumblingWindow {name!r}: size must be > 0 and allowed lateness >= 0 "

@@ -30,20 +30,12 @@ import pyarrow as pa
 
 from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
+from sparkpoint.api.durations import duration_ms
 from sparkpoint.api.windows.aggs import WINDOW_AGGREGATES, WindowAggregates
 from sparkpoint.api.windows.state import LATE, OUTPUT_MODES, WINDOW_END, WINDOW_START, Windows, WindowState
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.interfaces import EpochContext, StatefulOperator
 from sparkpoint.state.keys import key_group_range
-
-
-def duration_ms(value: Any, what: str) -> int:
-    from sparkpoint.config import parse_duration_ms
-
-    try:
-        return parse_duration_ms(value)
-    except ValueError as e:
-        raise ConfigError(f"{what}: {e}") from None
 
 
 class WindowOperator(StatefulOperator):

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from sparkpoint.api.windows.base import duration_ms
+from sparkpoint.api.durations import duration_ms
 from sparkpoint.api.windows.panes import PaneWindow
 from sparkpoint.errors import ConfigError
 

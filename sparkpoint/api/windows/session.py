@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
-from sparkpoint.api.windows.base import WindowOperator, duration_ms
+from sparkpoint.api.durations import duration_ms
+from sparkpoint.api.windows.base import WindowOperator
 from sparkpoint.api.windows.state import Windows
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.interfaces import KEY_GROUP_COL
