@@ -38,12 +38,12 @@ from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
 from sparkpoint.api.durations import duration_ms
 from sparkpoint.errors import ConfigError
-from sparkpoint.state.counters import StoredCounter
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
 from sparkpoint.state.keys import encode_timestamp, encode_user_keys, group_prefix, key_group_range, namespace
+from sparkpoint.state.stored import StoredCounter, StoredSchema
 
 _DROPPED = StoredCounter("dedup_dropped")
-_INPUT_SCHEMA_META = "dedup_input_schema"
+_INPUT_SCHEMA = StoredSchema("dedup_input_schema")
 _TS_LEN = 8
 
 
@@ -145,10 +145,10 @@ class Deduplicate(StatefulOperator):
         if self._input_schema is None:
             if rows.num_rows and self.time_column in rows.column_names:
                 self._input_schema = _user_columns(rows.schema)
-            elif (raw := store.get_meta(_INPUT_SCHEMA_META)) is not None:
-                self._input_schema = pa.ipc.read_schema(pa.py_buffer(raw))
-        if self._input_schema is not None and store.get_meta(_INPUT_SCHEMA_META) is None:
-            store.put_meta(_INPUT_SCHEMA_META, self._input_schema.serialize().to_pybytes())
+            else:
+                self._input_schema = _INPUT_SCHEMA.read(store)
+        if self._input_schema is not None:
+            _INPUT_SCHEMA.keep(store, self._input_schema)
 
 
 def _user_columns(schema: pa.Schema) -> pa.Schema:

@@ -46,10 +46,10 @@ from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
 from sparkpoint.api.durations import duration_ms, signed_duration_ms
 from sparkpoint.errors import ConfigError
-from sparkpoint.state.counters import StoredCounter
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
 from sparkpoint.state.keys import (decode_timestamp, encode_timestamp, encode_user_keys, group_prefix,
                                    key_group_range, namespace)
+from sparkpoint.state.stored import StoredCounter
 
 SIDE_COL = "__side"
 LEFT_COL = "__left"

@@ -41,11 +41,11 @@ from sparkpoint.api.aggregate import KeySchema, parse_value_type, require_key_gr
 from sparkpoint.api.durations import duration_ms
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.codec import FixedWidthCodec
-from sparkpoint.state.counters import StoredCounter
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
 from sparkpoint.state.keys import (decode_fixed_user_keys, decodes_column_wise, encode_state_keys, encode_timestamp,
                                    group_prefix, key_columns_from_plain, key_group_range, namespace,
                                    plain_key_tuples)
+from sparkpoint.state.stored import StoredCounter
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"

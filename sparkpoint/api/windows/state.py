@@ -31,8 +31,8 @@ from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema
 from sparkpoint.api.windows.aggs import WindowAggregates
 from sparkpoint.state.codec import FixedWidthCodec
-from sparkpoint.state.counters import StoredCounter
 from sparkpoint.state.keys import decode_timestamp, encode_timestamp, group_prefix, key_columns_from_plain, namespace
+from sparkpoint.state.stored import StoredCounter
 
 FINAL, UPDATE = "final", "update"
 OUTPUT_MODES = (FINAL, UPDATE)
