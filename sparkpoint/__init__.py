@@ -24,6 +24,7 @@ from sparkpoint.api import (  # noqa: E402
     StatefulProcessorHandle,
     StreamJoin,
     TimerValues,
+    TopN,
     TumblingWindow,
     ValueState,
     WindowJoin,
@@ -66,7 +67,7 @@ def __getattr__(name: str):
 __all__ = [
     "run", "Pipeline", "Stream", "Settings", "GeneratorSource", "FileSource", "ParquetSink", "DeltaSink",
     "KafkaSource", "KafkaSink", "KeyedAggregate", "IntervalJoin", "WindowJoin", "StreamJoin",
-    "TumblingWindow", "SlidingWindow", "SessionWindow", "CumulateWindow", "Deduplicate", "ProcessorOperator", "StatefulProcessor",
+    "TumblingWindow", "SlidingWindow", "SessionWindow", "CumulateWindow", "Deduplicate", "TopN", "ProcessorOperator", "StatefulProcessor",
     "StatefulProcessorHandle", "ValueState", "ListState", "MapState", "TimerValues", "ExpiredTimerInfo", "read_state",
     "read_timers",
 ]

@@ -20,9 +20,8 @@ price and the bids at it, and emits them once, when the watermark reaches its en
 every bid up to and at its end has come (or at the end of input).
 
 Flink's plan is a window aggregate, then an interval join of the bids with the
-maxima. It is not built that way here because `TumblingWindow` computes no maximum, and
-because rows a window fires by the watermark would reach an interval join after it below
-that join's watermark, and be dropped as late (docs/nexmark.md).
+maxima. Here one processor does both: the join would keep every bid of a window in its
+state, where the processor keeps only the bids at the highest price (docs/nexmark.md).
 """
 
 import pandas as pd

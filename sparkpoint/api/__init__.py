@@ -5,11 +5,12 @@ from sparkpoint.api.dedup import Deduplicate
 from sparkpoint.api.join import IntervalJoin, StreamJoin, WindowJoin
 from sparkpoint.api.processor import (ExpiredTimerInfo, ListState, MapState, ProcessorOperator, StatefulProcessor,
                                       StatefulProcessorHandle, TimerValues, ValueState)
+from sparkpoint.api.topn import TopN
 from sparkpoint.api.window import TumblingWindow
 from sparkpoint.api.windows import CumulateWindow, SessionWindow, SlidingWindow
 
 __all__ = [
     "KeyedAggregate", "TumblingWindow", "SlidingWindow", "SessionWindow", "CumulateWindow", "IntervalJoin",
     "WindowJoin", "StreamJoin", "ProcessorOperator", "StatefulProcessor", "StatefulProcessorHandle", "ValueState",
-    "ListState", "MapState", "TimerValues", "ExpiredTimerInfo", "Deduplicate",
+    "ListState", "MapState", "TimerValues", "ExpiredTimerInfo", "Deduplicate", "TopN",
 ]

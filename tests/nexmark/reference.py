@@ -206,7 +206,31 @@ def q21(e: Events) -> pd.DataFrame:
     return b[["auction", "bidder", "price", "channel", "channel_id"]]
 
 
+BID_COLUMNS = ["auction", "bidder", "price", "channel", "url", "dateTime", "extra"]
+
+
+def _first_rows(frame: pd.DataFrame, by: list[str], order: str, descending: bool, n: int) -> pd.DataFrame:
+    """ROW_NUMBER() OVER (PARTITION BY `by` ORDER BY `order`) <= n, its ties broken by the
+    other columns in table order, ascending, with the row number as `rank_number`."""
+    ties = [c for c in frame.columns if c != order]
+    ranked = frame.sort_values([order, *ties], ascending=[not descending, *[True] * len(ties)], kind="stable")
+    ranked = ranked.assign(rank_number=ranked.groupby(by).cumcount() + 1)
+    return ranked[ranked.rank_number <= n]
+
+
+def q18(e: Events) -> pd.DataFrame:
+    """Each bidder's last bid on each auction: ROW_NUMBER() OVER (PARTITION BY bidder,
+    auction ORDER BY dateTime DESC) <= 1."""
+    return _first_rows(e.bid[BID_COLUMNS], ["bidder", "auction"], "dateTime", True, 1)[BID_COLUMNS]
+
+
+def q19(e: Events) -> pd.DataFrame:
+    """Each auction's ten highest bids: ROW_NUMBER() OVER (PARTITION BY auction ORDER BY
+    price DESC) <= 10, with rank_number."""
+    return _first_rows(e.bid[BID_COLUMNS], ["auction"], "price", True, 10)[[*BID_COLUMNS, "rank_number"]]
+
+
 QUERIES: dict[str, Callable[[Events], pd.DataFrame]] = {
     "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q7": q7, "q8": q8, "q9": q9, "q10": q10,
-    "q13": q13, "q14": q14, "q20": q20, "q21": q21,
+    "q13": q13, "q14": q14, "q18": q18, "q19": q19, "q20": q20, "q21": q21,
 }
