@@ -258,7 +258,12 @@ def _read_pane_window_timers(entries: Entries, desc: OperatorStateSchema, schema
         elif ns == due_ns:
             due = decode_timestamp(key[at:at + 8])
             values, _ = decode_user_key(key, at + 8, types)
-            start, end, fired = held[key[at + 8:]]
+            found = held.get(key[at + 8:])
+            if found is None:
+                raise StateSchemaError(f"window step {desc.operator!r}: key group {g} has a due entry at {due} "
+                                       f"for key {values} without its window record; its state is not one this "
+                                       "operator wrote (pass the operator the job declared)")
+            start, end, fired = found
             fire = desc.output_mode == "final" and not fired
             rows.append((values, start, end, "fire" if fire else "cleanup", due))
             if len(rows) >= batch_rows:
