@@ -145,3 +145,23 @@ def test_a_session_window_reads_as_its_open_sessions():
     timers = tester.timers()
     assert sorted(zip(timers.k, timers.window_start, timers.window_end, timers.timer, timers.expiry_ms)) == [
         ("a", 0, 11_000, "fire", 11_000), ("a", 20_000, 25_000, "fire", 25_000), ("b", 1_000, 6_000, "fire", 6_000)]
+
+
+def test_the_state_schemas_of_joins_and_windows_travel_as_json_unchanged():
+    """The reader ships each schema to its Spark tasks as JSON (never pickled)."""
+    from sparkpoint.api.state_schema import describe
+    from sparkpoint.state.descriptor import OperatorStateSchema
+
+    join = IntervalJoin("paid", "order_id", "order_id", "ts", "paid_at", 0, "15 min", how="left")
+    tester = ProcessorTester(join)
+    tester.process(join.tag_rows(_orders([1], [0]), _payments([1], [MIN])))
+    steps = [join, WindowJoin("w", "order_id", "order_id", "ts", "paid_at", size="1 min"),
+             SlidingWindow("hop", ["k"], "ts", size="10 s", slide="5 s", aggs=("count", "avg"), value_column="v",
+                           output_mode="update", key_schema="k STRING"),
+             SessionWindow("visits", ["k"], "ts", gap="5 s", key_schema="k STRING"),
+             CumulateWindow("running", ["k"], "ts", step="10 s", size="30 s", key_schema="k STRING")]
+    for step in steps:
+        desc = describe(step)
+        again = OperatorStateSchema.from_json(desc.to_json())
+        assert again == desc, step.name
+    assert describe(join).output_schema() == OperatorStateSchema.from_json(describe(join).to_json()).output_schema()
