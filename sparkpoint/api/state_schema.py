@@ -9,13 +9,16 @@ State Processor API reads keyed state through the state descriptors the job used
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
-from sparkpoint.api.aggregate import KeyedAggregate
+from sparkpoint.api.aggregate import _KEY_SCHEMA_META, KeyedAggregate
+from sparkpoint.api.join import _INPUT_SCHEMA_META, LEFT_COL, RIGHT_COL, IntervalJoin, StreamJoin, WindowJoin, _Join
 from sparkpoint.api.processor import ProcessorOperator, StatefulProcessorHandle
 from sparkpoint.api.window import TumblingWindow
+from sparkpoint.api.windows import CumulateWindow, SessionWindow, SlidingWindow
+from sparkpoint.api.windows.base import WindowOperator
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.codec import SchemaLike, parse_schema
 from sparkpoint.state.descriptor import OperatorStateSchema, StateVariable
@@ -50,10 +53,18 @@ class _RecordingHandle(StatefulProcessorHandle):
             parse_schema(map_key, f"map key of state {name!r}") if map_key is not None else None))
 
 
+_WINDOW_KINDS = {SlidingWindow: "sliding", SessionWindow: "session", CumulateWindow: "cumulate"}
+_JOIN_KINDS = {IntervalJoin: "interval", WindowJoin: "window", StreamJoin: "stream"}
+
+
 def describe(operator: Any) -> OperatorStateSchema:
     """The state schema of `operator` (a stateful operator, or a Pipeline holding one)."""
     op = getattr(operator, "stateful_", operator)
     if op is None:
+        steps = [n.name for n in operator.steps()] if hasattr(operator, "steps") else []
+        if len(steps) > 1:
+            raise ConfigError(f"the pipeline has several stateful steps {steps}: pass the one to read, as its "
+                              "operator object (operator=...)")
         raise ConfigError("the pipeline has no stateful step, so it keeps no keyed state to read")
     key_schema = _known_key_schema(op)
     if isinstance(op, KeyedAggregate):
@@ -63,6 +74,18 @@ def describe(operator: Any) -> OperatorStateSchema:
         return OperatorStateSchema(op.name, "window", tuple(op.key_columns), key_schema, aggs=op.aggs,
                                    value_type=_value_type_name(op.value_type), size_ms=op.size_ms,
                                    allowed_lateness_ms=op.allowed_lateness_ms)
+    if isinstance(op, WindowOperator) and type(op) in _WINDOW_KINDS:
+        return OperatorStateSchema(op.name, "window", tuple(op.key_columns), key_schema, aggs=tuple(op.aggs),
+                                   value_type=_value_type_name(op.value_type),
+                                   allowed_lateness_ms=op.allowed_lateness_ms, window_kind=_WINDOW_KINDS[type(op)],
+                                   namespace=op.state_namespace, output_mode=op.output_mode)
+    if isinstance(op, _Join) and type(op) in _JOIN_KINDS:
+        desc = OperatorStateSchema(op.name, "join", tuple(op.key_columns), key_schema,
+                                   join_kind=_JOIN_KINDS[type(op)],  # type: ignore[arg-type]
+                                   outer=tuple(side for side in ("left", "right") if op.how == side),
+                                   size_ms=getattr(op, "size_ms", 0))
+        rows = getattr(op, "_stored", None) or op._input  # known once it ran in this process
+        return desc if rows is None else _with_join_rows(desc, rows)
     if isinstance(op, ProcessorOperator):
         handle = _RecordingHandle(op.name, op.time_mode)
         processor = op._new_processor()
@@ -71,8 +94,33 @@ def describe(operator: Any) -> OperatorStateSchema:
                                    states=tuple(handle.recorded), time_mode=op.time_mode)
     if isinstance(op, StatefulOperator):
         raise ConfigError(f"operator {getattr(op, 'name', op)!r} is a {type(op).__name__}; the state reader "
-                          "knows KeyedAggregate, TumblingWindow and ProcessorOperator")
+                          "knows KeyedAggregate, the windows, the joins and ProcessorOperator")
     raise ConfigError(f"expected a stateful operator or a Pipeline, got {type(operator).__name__}")
+
+
+# Store metadata a state reader needs besides the keys (the stores are self-describing
+# there): key types for every keyed step, the row columns for a join.
+STORE_META = (_KEY_SCHEMA_META, _INPUT_SCHEMA_META)
+
+
+def complete_from_store(desc: OperatorStateSchema, get_meta: Callable[[str], bytes | None]) -> OperatorStateSchema:
+    """`desc` with what the operator object did not know (it never ran here) read from a
+    store's metadata (`get_meta(name)`: the bytes of one of STORE_META, or None)."""
+    if desc.key_schema is None:
+        raw = get_meta(_KEY_SCHEMA_META)
+        if raw is not None:
+            desc = desc.with_key_schema(pa.ipc.read_schema(pa.py_buffer(raw)))
+    if desc.type == "join" and desc.left_schema is None:
+        raw = get_meta(_INPUT_SCHEMA_META)
+        if raw is not None:
+            desc = _with_join_rows(desc, pa.ipc.read_schema(pa.py_buffer(raw)))
+    return desc
+
+
+def _with_join_rows(desc: OperatorStateSchema, tagged: pa.Schema) -> OperatorStateSchema:
+    """The side row schemas from a join's tagged input schema (its stored rows' types)."""
+    left, right = (pa.schema(list(tagged.field(c).type)) for c in (LEFT_COL, RIGHT_COL))
+    return desc.with_side_schemas(left, right)
 
 
 def _known_key_schema(op: Any) -> pa.Schema | None:

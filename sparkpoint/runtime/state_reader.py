@@ -16,7 +16,8 @@ the pipeline) is passed, as Flink's reader takes the job's state descriptors. A
 handle that carries a recorded schema (`state_source.SCHEMA_KEY`) is read by
 operator name alone. Key column types come from the operator when it knows them,
 else from `key_schema=`, else from the store itself (each store records them): one
-small Spark task rebuilds the cheapest subtask to fetch them.
+small Spark task rebuilds the cheapest subtask to fetch them (and, for a join whose
+operator object has not run, the columns of its rows, which every join store records).
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 
-from sparkpoint.api.aggregate import _KEY_SCHEMA_META
-from sparkpoint.api.state_schema import describe
+from sparkpoint.api.state_schema import STORE_META, complete_from_store, describe
 from sparkpoint.errors import ConfigError, CorruptSnapshotError, StaleStateError, StateSchemaError
 from sparkpoint.runtime.executor.state import SubtaskState
 from sparkpoint.runtime.state_source import SCHEMA_KEY, StateSource, open_state_source
@@ -72,8 +72,8 @@ def _read(spark, path: str, operator: Any, storage_options: Mapping[str, Any] | 
         desc = desc.with_key_schema(parse_schema(key_schema, "key_schema"))
     options = dict(storage_options or {})
     lineages = [lineage.to_json() for lineage, _ in subtasks]
-    if desc.key_schema is None:
-        desc = desc.with_key_schema(_probe_key_schema(spark, source, options, subtasks, desc))
+    if desc.key_schema is None or (desc.type == "join" and desc.left_schema is None):
+        desc = _probe_store_meta(spark, source, options, subtasks, desc)
     schema = desc.output_schema() if kind == "state" else desc.timer_schema()
     spark_schema = from_arrow_schema(schema)
     # What Spark expects back (e.g. its timestamp unit); executors cast to it.
@@ -107,20 +107,23 @@ def _resolve(source: StateSource, operator: Any) -> tuple[OperatorStateSchema, l
     return desc, found[desc.operator]
 
 
-def _probe_key_schema(spark, source: StateSource, options: dict, subtasks: list[tuple[Lineage, Mapping]],
-                      desc: OperatorStateSchema) -> pa.Schema:
+def _probe_store_meta(spark, source: StateSource, options: dict, subtasks: list[tuple[Lineage, Mapping]],
+                      desc: OperatorStateSchema) -> OperatorStateSchema:
+    """`desc` completed from what every store records about itself (its key types; a
+    join's row columns), read by one small Spark task from the cheapest subtask."""
     started = [lin for lin, _ in subtasks if lin.epoch >= 0 or lin.base is not None]
     if not started:
         raise StateSchemaError(f"operator {desc.operator!r} in {source.what} never ran an epoch, so its key "
                                "types were never recorded; pass key_schema=... (e.g. 'key BIGINT')")
     cheapest = min(started, key=lambda lin: sum(f.size for f in lin.files()))
     task = _ProbeTask(source.files_url, options, cheapest.to_json(), source.what)
-    rows = spark.range(0, 1, 1, 1).mapInArrow(task, "key_schema binary").collect()
-    raw = rows[0][0] if rows else None
-    if raw is None:
+    rows = spark.range(0, 1, 1, 1).mapInArrow(task, ", ".join(f"`{m}` binary" for m in STORE_META)).collect()
+    found = rows[0].asDict() if rows else {}
+    completed = complete_from_store(desc, lambda name: None if found.get(name) is None else bytes(found[name]))
+    if completed.key_schema is None:
         raise StateSchemaError(f"subtask {cheapest.subtask} of {desc.operator!r} in {source.what} does not record "
                                "its key types; pass key_schema=... (e.g. 'key BIGINT')")
-    return desc.with_key_schema(pa.ipc.read_schema(pa.py_buffer(bytes(raw)))).key_schema
+    return completed
 
 
 # -- executor side ------------------------------------------------------------------
@@ -181,5 +184,5 @@ class _ProbeTask:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for _ in batches:
             with _Subtask(self.files_url, self.options, self.lineage, self.where) as store:
-                raw = store.get_meta(_KEY_SCHEMA_META)
-            yield pa.record_batch([pa.array([raw], pa.binary())], names=["key_schema"])
+                raw = [store.get_meta(name) for name in STORE_META]
+            yield pa.record_batch([pa.array([r], pa.binary()) for r in raw], names=list(STORE_META))

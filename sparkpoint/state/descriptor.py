@@ -11,19 +11,31 @@ messages (a flatbuffer, never a pickle).
      "states": [{"name": "seen", "kind": "list", "schema": "<b64>", "map_key_schema": null}, ...]}
     {..., "type": "aggregate", "aggs": ["count", "sum"], "value_type": "double"}
     {..., "type": "window", "aggs": ["count"], "value_type": "double", "size_ms": 60000,
-     "allowed_lateness_ms": 0}
+     "allowed_lateness_ms": 0}                                   (a TumblingWindow)
+    {..., "type": "window", "window_kind": "sliding" | "session" | "cumulate", "namespace": "hop",
+     "output_mode": "final", "aggs": [...], "value_type": ..., "allowed_lateness_ms": 0}
+    {..., "type": "join", "join_kind": "interval" | "window" | "stream", "outer": ["left"],
+     "size_ms": 60000 (window joins), "left_schema": "<b64>" | null, "right_schema": "<b64>" | null}
 
 How rows look (`output_schema`): the key columns first, then
   - aggregate: the declared aggs (count BIGINT; sum/min/max in the value type, null
     for a key that saw only null values), i.e. the operator's latest totals;
   - window: window_start, window_end (epoch ms), count [, sum], fired (BOOLEAN): one
-    row per key and window still held;
+    row per key and window still held; a sliding, session or cumulate window: its
+    aggs as declared (count, sum, min, max, avg), then fired and late (BOOLEAN);
+  - join: side ('left' | 'right'), then for an interval join time_ms (the row's event
+    time) and matched (BOOLEAN on an outer side's rows: it met a partner, so it is never
+    emitted unmatched; null on the other side's), for a window join window_start and
+    window_end (a row waits once in each window it belongs to); then `left` and `right`,
+    the row as a struct of its side's columns (null on the other side's rows);
   - processor: one column per state, named after it; a schema with one field is read
     as that field's type, with several as a struct: value state -> that type (null
     where the key has none), list state -> array of it, map state -> map from the map
     key's type to the value's type.
 Timers (`timer_schema`): the key columns, then for a processor `expiry_ms`; for a
-window `window_start`, `timer` ('fire' | 'cleanup') and `expiry_ms`.
+window `window_start`, `timer` ('fire' | 'cleanup') and `expiry_ms`; for a sliding,
+session or cumulate window `window_start`, `window_end`, `timer` and `expiry_ms`. Joins
+keep no timers: their rows are removed by the watermark (by `time_ms`).
 """
 
 from __future__ import annotations
@@ -38,7 +50,10 @@ from sparkpoint.errors import ConfigError, StateSchemaError
 
 SCHEMA_FORMAT = "sparkpoint/state-schema"
 SCHEMA_VERSION = 1
-OperatorType = Literal["aggregate", "window", "processor"]
+OperatorType = Literal["aggregate", "window", "processor", "join"]
+WindowKind = Literal["tumbling", "sliding", "session", "cumulate"]
+JoinKind = Literal["interval", "window", "stream"]
+SIDES = ("left", "right")
 StateKind = Literal["value", "list", "map"]
 _VALUE_TYPES = {"double": pa.float64(), "bigint": pa.int64()}
 
@@ -103,6 +118,30 @@ class OperatorStateSchema:
     size_ms: int = 0
     allowed_lateness_ms: int = 0
     time_mode: str = "none"
+    # sliding, session and cumulate windows (window state in sparkpoint.api.windows.state)
+    window_kind: WindowKind = "tumbling"
+    namespace: str = ""
+    output_mode: str = "final"
+    # joins: the row schema of each side, as the state stores its rows
+    join_kind: JoinKind = "interval"
+    outer: tuple[str, ...] = ()
+    left_schema: pa.Schema | None = None
+    right_schema: pa.Schema | None = None
+
+    @property
+    def is_pane_window(self) -> bool:
+        """A sliding, session or cumulate window (one record per window, a due index)."""
+        return self.type == "window" and self.window_kind != "tumbling"
+
+    def with_side_schemas(self, left: pa.Schema, right: pa.Schema) -> "OperatorStateSchema":
+        return replace(self, left_schema=left, right_schema=right)
+
+    def side_schema(self, side: int) -> pa.Schema:
+        found = (self.left_schema, self.right_schema)[side]
+        if found is None:
+            raise StateSchemaError(f"join {self.operator!r}: the columns of its {SIDES[side]} rows are not known; "
+                                   "its state records them once it has seen rows")
+        return found
 
     def with_key_schema(self, schema: pa.Schema) -> "OperatorStateSchema":
         missing = [c for c in self.key_columns if c not in schema.names]
@@ -130,12 +169,24 @@ class OperatorStateSchema:
             types = {"count": pa.int64(), "sum": self.arrow_value_type, "min": self.arrow_value_type,
                      "max": self.arrow_value_type}
             cols = [pa.field(a, types[a]) for a in self.aggs]
+        elif self.is_pane_window:
+            types = {"count": pa.int64(), "avg": pa.float64()}
+            cols = [pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64()),
+                    *[pa.field(a, types.get(a, self.arrow_value_type)) for a in self.aggs],
+                    pa.field("fired", pa.bool_()), pa.field("late", pa.bool_())]
         elif self.type == "window":
             cols = [pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64()),
                     pa.field("count", pa.int64())]
             if "sum" in self.aggs:
                 cols.append(pa.field("sum", self.arrow_value_type))
             cols.append(pa.field("fired", pa.bool_()))
+        elif self.type == "join":
+            cols = [pa.field("side", pa.string())]
+            if self.join_kind == "interval":
+                cols += [pa.field("time_ms", pa.int64()), pa.field("matched", pa.bool_())]
+            elif self.join_kind == "window":
+                cols += [pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64())]
+            cols += [pa.field(SIDES[s], pa.struct(list(self.side_schema(s)))) for s in (0, 1)]
         else:
             cols = [s.column() for s in self.states]
         return self._checked(keys, cols)
@@ -145,7 +196,13 @@ class OperatorStateSchema:
         if self.type == "aggregate":
             raise ConfigError(f"operator {self.operator!r} is a KeyedAggregate, which keeps no timers; read its state "
                               "with read_state")
-        if self.type == "window":
+        if self.type == "join":
+            raise ConfigError(f"join {self.operator!r} keeps no timers: a row leaves its state when the watermark "
+                              "passes the end of the time it can still match in; read_state shows each row's time")
+        if self.is_pane_window:
+            cols = [pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64()),
+                    pa.field("timer", pa.string()), pa.field("expiry_ms", pa.int64())]
+        elif self.type == "window":
             cols = [pa.field("window_start", pa.int64()), pa.field("timer", pa.string()),
                     pa.field("expiry_ms", pa.int64())]
         else:
@@ -167,10 +224,16 @@ class OperatorStateSchema:
                              "key_schema": schema_to_b64(self.key_schema) if self.key_schema else None}
         if self.type == "processor":
             d.update(time_mode=self.time_mode, states=[s.to_json() for s in self.states])
+        elif self.type == "join":
+            d.update(join_kind=self.join_kind, outer=list(self.outer), size_ms=self.size_ms,
+                     left_schema=schema_to_b64(self.left_schema) if self.left_schema else None,
+                     right_schema=schema_to_b64(self.right_schema) if self.right_schema else None)
         else:
             d.update(aggs=list(self.aggs), value_type=self.value_type)
         if self.type == "window":
             d.update(size_ms=self.size_ms, allowed_lateness_ms=self.allowed_lateness_ms)
+            if self.is_pane_window:
+                d.update(window_kind=self.window_kind, namespace=self.namespace, output_mode=self.output_mode)
         return d
 
     @classmethod
@@ -180,12 +243,17 @@ class OperatorStateSchema:
                                    f"this sparkpoint reads {SCHEMA_FORMAT!r} version {SCHEMA_VERSION}")
         try:
             ks = raw.get("key_schema")
+            sides = [schema_from_b64(raw[f"{side}_schema"], f"{side} rows") if raw.get(f"{side}_schema") else None
+                     for side in SIDES]
             return cls(operator=str(raw["operator"]), type=raw["type"], key_columns=tuple(raw["key_columns"]),
                        key_schema=schema_from_b64(ks, "key schema") if ks else None,
                        states=tuple(StateVariable.from_json(s) for s in raw.get("states", ())),
                        aggs=tuple(raw.get("aggs", ())), value_type=raw.get("value_type", "double"),
                        size_ms=int(raw.get("size_ms", 0)),
                        allowed_lateness_ms=int(raw.get("allowed_lateness_ms", 0)),
-                       time_mode=raw.get("time_mode", "none"))
+                       time_mode=raw.get("time_mode", "none"),
+                       window_kind=raw.get("window_kind", "tumbling"), namespace=raw.get("namespace", ""),
+                       output_mode=raw.get("output_mode", "final"), join_kind=raw.get("join_kind", "interval"),
+                       outer=tuple(raw.get("outer", ())), left_schema=sides[0], right_schema=sides[1])
         except (KeyError, TypeError, ValueError) as e:
             raise StateSchemaError(f"state schema of {raw.get('operator')!r} is malformed: {e}") from None

@@ -16,14 +16,20 @@ import numpy as np
 import pyarrow as pa
 
 from sparkpoint.state.codec import FixedWidthCodec, RowCodec
-from sparkpoint.state.descriptor import OperatorStateSchema, StateVariable
+from sparkpoint.errors import StateSchemaError
+from sparkpoint.state.descriptor import SIDES, OperatorStateSchema, StateVariable
 from sparkpoint.state.key_decode import decode_user_key, split_key, split_namespace
 from sparkpoint.state.keys import decode_timestamp, key_columns_from_plain
 
 # Namespaces and record layouts of the built-in operators (sparkpoint.api.aggregate,
-# sparkpoint.api.window, sparkpoint.api.processor).
+# sparkpoint.api.window, sparkpoint.api.windows.state, sparkpoint.api.join,
+# sparkpoint.api.processor).
 _AGG_NS, _WINDOW_NS, _FIRE_NS, _CLEANUP_NS = "agg", "win", "win-fire", "win-cleanup"
 _TIMERS_NS = "~timers"
+_DUE = "-due"  # a sliding, session or cumulate window's due index: <ns>-due
+_JOIN_NS = {"interval": "ijoin", "window": "wjoin", "stream": "sjoin"}  # rows: <ns>-left, <ns>-right
+_ROW_ID_LEN = 12  # a join row's id: <epoch: 8><position: 4>
+_MATCHED = 1  # an interval-join row's last value byte: it met a partner
 
 Entries = Iterable[tuple[bytes, bytes]]
 
@@ -31,13 +37,20 @@ Entries = Iterable[tuple[bytes, bytes]]
 def read_state(entries: Entries, desc: OperatorStateSchema, batch_rows: int = 4096) -> Iterator[pa.Table]:
     if desc.type == "aggregate":
         return _read_records(entries, desc, _AGG_NS, batch_rows)
+    if desc.is_pane_window:
+        return _read_pane_windows(entries, desc, batch_rows)
     if desc.type == "window":
         return _read_records(entries, desc, _WINDOW_NS, batch_rows)
+    if desc.type == "join":
+        return _read_join(entries, desc, batch_rows)
     return _read_processor(entries, desc, batch_rows)
 
 
 def read_timers(entries: Entries, desc: OperatorStateSchema, batch_rows: int = 4096) -> Iterator[pa.Table]:
     schema = desc.timer_schema()
+    if desc.is_pane_window:
+        yield from _read_pane_window_timers(entries, desc, schema, batch_rows)
+        return
     types = [f.type for f in desc.key_fields()]
     wanted = {_TIMERS_NS} if desc.type == "processor" else {_FIRE_NS, _CLEANUP_NS}
     rows: list[tuple[tuple, int, str]] = []
@@ -176,3 +189,154 @@ def _timer_table(rows: list[tuple[tuple, int, str]], desc: OperatorStateSchema, 
         arrays += [pa.array(starts), pa.array(np.where(fire, "fire", "cleanup").tolist(), pa.string())]
     arrays.append(pa.array(expiry))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# -- sliding, session and cumulate windows: one record per key and window ---------------
+def _pane_codec(desc: OperatorStateSchema) -> FixedWidthCodec:
+    kind = "f8" if desc.value_type == "double" else "i8"
+    return FixedWidthCodec(desc.operator, [("start", "i8"), ("end", "i8"), ("count", "i8"), ("nvalues", "i8"),
+                                           ("sum", kind), ("min", kind), ("max", kind), ("fired", "i8"),
+                                           ("late", "i8")])
+
+
+def _read_pane_windows(entries: Entries, desc: OperatorStateSchema, batch_rows: int) -> Iterator[pa.Table]:
+    schema = desc.output_schema()
+    types = [f.type for f in desc.key_fields()]
+    codec = _pane_codec(desc)
+    keys: list[tuple] = []
+    values: list[bytes] = []
+    for key, value in entries:
+        if split_namespace(key)[1] != desc.namespace:
+            continue
+        keys.append(split_key(key, types).values)
+        values.append(value)
+        if len(keys) >= batch_rows:
+            yield _pane_table(desc, schema, codec, keys, values)
+            keys, values = [], []
+    if keys:
+        yield _pane_table(desc, schema, codec, keys, values)
+
+
+def _pane_table(desc: OperatorStateSchema, schema: pa.Schema, codec: FixedWidthCodec, keys: list[tuple],
+                values: list[bytes]) -> pa.Table:
+    rec = codec.decode_many(values)
+    no_values = rec["nvalues"] == 0  # SQL semantics: sum/min/max/avg of only nulls is null
+    cols: dict[str, pa.Array] = dict(zip(desc.key_columns, key_columns_from_plain(keys, desc.key_fields())))
+    cols["window_start"] = pa.array(rec["start"], pa.int64())
+    cols["window_end"] = pa.array(rec["end"], pa.int64())
+    for a in desc.aggs:
+        if a == "count":
+            cols[a] = pa.array(rec["count"], pa.int64())
+        elif a == "avg":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                cols[a] = pa.array(rec["sum"].astype(np.float64) / rec["nvalues"], pa.float64(), mask=no_values)
+        else:
+            cols[a] = pa.array(rec[a], type=desc.arrow_value_type, mask=no_values)
+    cols["fired"] = pa.array(rec["fired"] != 0)
+    cols["late"] = pa.array(rec["late"] != 0)
+    return pa.table([cols[f.name] for f in schema], schema=schema)
+
+
+def _read_pane_window_timers(entries: Entries, desc: OperatorStateSchema, schema: pa.Schema,
+                             batch_rows: int) -> Iterator[pa.Table]:
+    """Each window's one due entry: 'fire' (final mode, not fired yet: due at its end) or
+    'cleanup' (due at end + allowed lateness). A key group's records sort before its due
+    entries (the namespace is shorter), so they are looked up per key group."""
+    types = [f.type for f in desc.key_fields()]
+    codec = _pane_codec(desc)
+    due_ns = desc.namespace + _DUE
+    held: dict[bytes, tuple[int, int, bool]] = {}  # <user key><suffix> -> (start, end, fired)
+    group = None
+    rows: list[tuple[tuple, int, int, str, int]] = []
+    for key, value in entries:
+        g, ns, at = split_namespace(key)
+        if g != group:
+            held, group = {}, g
+        if ns == desc.namespace:
+            rec = codec.decode_many([value])[0]
+            held[key[at:]] = (int(rec["start"]), int(rec["end"]), bool(rec["fired"]))
+        elif ns == due_ns:
+            due = decode_timestamp(key[at:at + 8])
+            values, _ = decode_user_key(key, at + 8, types)
+            found = held.get(key[at + 8:])
+            if found is None:
+                raise StateSchemaError(f"window step {desc.operator!r}: key group {g} has a due entry at {due} "
+                                       f"for key {values} without its window record; its state is not one this "
+                                       "operator wrote (pass the operator the job declared)")
+            start, end, fired = found
+            fire = desc.output_mode == "final" and not fired
+            rows.append((values, start, end, "fire" if fire else "cleanup", due))
+            if len(rows) >= batch_rows:
+                yield _pane_timer_table(rows, desc, schema)
+                rows = []
+    if rows:
+        yield _pane_timer_table(rows, desc, schema)
+
+
+def _pane_timer_table(rows: list[tuple[tuple, int, int, str, int]], desc: OperatorStateSchema,
+                      schema: pa.Schema) -> pa.Table:
+    arrays = key_columns_from_plain([r[0] for r in rows], desc.key_fields())
+    arrays += [pa.array([r[1] for r in rows], pa.int64()), pa.array([r[2] for r in rows], pa.int64()),
+               pa.array([r[3] for r in rows], pa.string()), pa.array([r[4] for r in rows], pa.int64())]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# -- joins: each side's buffered rows ----------------------------------------------------
+def _read_join(entries: Entries, desc: OperatorStateSchema, batch_rows: int) -> Iterator[pa.Table]:
+    """One output row per stored row of either side. Keys: <user key>[<time>]<row id>
+    (time: the row's event time for an interval join, the window start for a window
+    join, absent for a regular join); values: one Arrow IPC record-batch message of the
+    row (for an interval join followed by one byte: matched or not)."""
+    schema = desc.output_schema()
+    types = [f.type for f in desc.key_fields()]
+    kind = _JOIN_NS[desc.join_kind]
+    sides = {f"{kind}-{name}": i for i, name in enumerate(SIDES)}
+    pending: list[list[tuple[tuple, int, bytes]]] = [[], []]
+    for key, value in entries:
+        side = sides.get(split_namespace(key)[1])
+        if side is None:
+            continue  # the time index, the window join's firing index
+        sk = split_key(key, types)
+        at = decode_timestamp(sk.suffix[:8]) if desc.join_kind != "stream" else 0
+        pending[side].append((sk.values, at, value))
+        if len(pending[side]) >= batch_rows:
+            yield _join_table(desc, schema, side, pending[side])
+            pending[side] = []
+    for side in (0, 1):
+        if pending[side]:
+            yield _join_table(desc, schema, side, pending[side])
+
+
+def _join_table(desc: OperatorStateSchema, schema: pa.Schema, side: int,
+                found: list[tuple[tuple, int, bytes]]) -> pa.Table:
+    n = len(found)
+    row_schema = desc.side_schema(side)
+    flagged = desc.join_kind == "interval"
+    batches = []
+    for _, _, value in found:
+        buf = pa.py_buffer(value)
+        try:
+            batches.append(pa.ipc.read_record_batch(buf.slice(0, len(value) - 1) if flagged else buf, row_schema))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise StateSchemaError(f"join {desc.operator!r}: a stored {SIDES[side]} row cannot be read with the "
+                                   f"columns {row_schema.names} ({e})") from None
+    rows = pa.Table.from_batches(batches, row_schema).combine_chunks()
+    struct = pa.StructArray.from_arrays([rows.column(c).chunk(0) if rows.column(c).num_chunks else
+                                         pa.array([], f.type) for c, f in zip(rows.column_names, row_schema)],
+                                        fields=list(row_schema))
+    cols: dict[str, pa.Array] = dict(zip(desc.key_columns, key_columns_from_plain([k for k, _, _ in found],
+                                                                                 desc.key_fields())))
+    cols["side"] = pa.array([SIDES[side]] * n, pa.string())
+    times = np.array([t for _, t, _ in found], dtype=np.int64)
+    if desc.join_kind == "interval":
+        cols["time_ms"] = pa.array(times)
+        matched = np.array([v[-1] == _MATCHED for _, _, v in found], dtype=bool)
+        outer = SIDES[side] in desc.outer
+        cols["matched"] = pa.array(matched) if outer else pa.nulls(n, pa.bool_())
+    elif desc.join_kind == "window":
+        cols["window_start"] = pa.array(times)
+        cols["window_end"] = pa.array(times + desc.size_ms)
+    other = SIDES[1 - side]
+    cols[SIDES[side]] = struct
+    cols[other] = pa.nulls(n, schema.field(other).type)
+    return pa.table([cols[f.name] for f in schema], schema=schema)

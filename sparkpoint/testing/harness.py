@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
 from sparkpoint.api.processor import ProcessorOperator, StatefulProcessorHandle
-from sparkpoint.api.state_schema import describe
+from sparkpoint.api.state_schema import complete_from_store, describe
 from sparkpoint.config import parse_duration_ms
 from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.executor.state import SubtaskState
@@ -415,7 +415,7 @@ class ProcessorTester:
             keys = getattr(self.step, "keys", None)
             if keys is not None:
                 keys.ensure(state.store, pa.table({}))  # a fresh step learns its key types from the store
-            desc = describe(self.step)
+            desc = complete_from_store(describe(self.step), state.store.get_meta)
             if desc.key_schema is None:
                 raise ConfigError(f"step {self.step.name!r} has seen no rows yet, so its key types are unknown")
             tables = list(read(state.store.scan_range(b"", None), desc))

@@ -262,3 +262,36 @@ def test_a_driver_the_executors_cannot_reach_stops_with_one_line(cluster, tmp_pa
     assert len(errors) == 1, done.stderr[-3000:]
     assert "127.0.0.2" in errors[0] and "cannot connect back to the driver" in errors[0]
     assert "spark.conf.spark.driver.host" in errors[0] and cluster.master_url in errors[0]
+
+
+# ---------------------------------------------------------------- a graph: join, then aggregate
+def test_cluster_join_graph_with_a_worker_killed_mid_run_equals_pandas(cluster, tmp_path, driver_state_view):
+    """tests/paid_orders.py's graph (orders left-joined with payments within 15 minutes, then
+    revenue per customer, two sinks) on the cluster, one worker killed once checkpoints
+    completed: the join's and the aggregate's subtasks are rebuilt on the surviving worker
+    from durable state, and both sinks' committed output equals the pandas answer."""
+    from tests.paid_orders import assert_exactly_once, pipeline_text, write_input
+
+    files = 12
+    orders, payments = write_input(tmp_path / "in", files)
+    text = pipeline_text("cluster_join", tmp_path / "in", tmp_path / "job" / "out", pace_s=0.2)
+    job = Job(tmp_path / "job", name="cluster_join", template=text.replace("{", "{{").replace("}", "}}"),
+              sets=[*spark_settings(cluster), f"state.local.dir={cluster.state_path}",
+                    "execution.checkpointing.interval=500 ms"])
+    proc = job.start()
+    try:
+        _wait_checkpoints(proc, 2)
+        assert proc.popen.poll() is None, "the job finished before the worker could be killed:\n" + proc.text[-3000:]
+        cluster.kill_worker(1)
+        before_kill = len(proc.lines)
+        proc.wait(timeout=300)
+    finally:
+        proc.kill9()
+        _save(proc, tmp_path / "driver.log")
+    _finished(proc)
+    assert any(re.search(COMPLETED, line) for line in proc.lines[before_kill:]), proc.text[-3000:]
+    restarts = re.search(r"(\d+) restarts", proc.text)
+    assert restarts and restarts.group(1) == "0", proc.text[-3000:]
+    assert_exactly_once(job.out, orders, payments)
+    _assert_driver_wrote_no_state(cluster)
+    assert _job_state(cluster, 0, "cluster_join")
