@@ -2,7 +2,8 @@
 them inside a checkpoint's asynchronous part), restart it each time, and the
 committed output equals what the input alone says it must be (tests/e2e/chaos_oracles.py:
 the generator's events recomputed, no failure-free reference job): nothing lost, nothing
-duplicated."""
+duplicated. A keyed aggregate's update-mode output across a crash (epoch boundaries
+included) is tests/integration/test_aggregate_updates_inprocess.py."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import time
 
 import pytest
 
-from tests.e2e.chaos_oracles import aggregate_updates, as_canonical, window_rows
-from tests.e2e.harness import AGGREGATE_PIPELINE, Job, canonical
+from tests.e2e.chaos_oracles import as_canonical, window_rows
+from tests.e2e.harness import Job, canonical
 
 pytestmark = pytest.mark.e2e
 
@@ -68,24 +69,3 @@ def test_sigkill_twice_output_equals_the_windows_of_the_input(tmp_path):
     assert [c for c in output.column_names if c != "epoch"] == ["key", "window_start", "window_end", "count", "sum"]
     assert len(got) == len(expected), f"seed {seed}: {notes}: {len(got)} rows vs {len(expected)}"
     assert got == expected, f"seed {seed}: {notes}"
-
-
-def test_keyed_aggregate_updates_are_exactly_once_after_kills(tmp_path):
-    """Update-mode output depends on epoch boundaries; those are a pure function of the
-    restored positions, so even the per-epoch updates (epoch numbers included) must be
-    the ones the input alone gives."""
-    seed = int(os.environ.get("SPARKPOINT_CHAOS_SEED", random.randrange(1 << 30)))
-    rng = random.Random(seed)
-    job = Job(tmp_path / "chaos", template=AGGREGATE_PIPELINE, keys=500, total=200_000)
-    proc = job.start()
-    proc.wait_for(r"completed checkpoint \d+ of job", timeout=180)
-    time.sleep(rng.uniform(0.0, 1.5))
-    assert proc.popen.poll() is None, "the job finished before the kill:\n" + proc.text[-3000:]
-    proc.kill9()
-    final = job.run()
-    assert final.popen.returncode == 0, final.text[-3000:]
-    assert "restores checkpoint" in final.text, final.text[-3000:]
-    output = job.output()
-    expected = as_canonical(aggregate_updates(job.total, keys=job.keys, per_epoch=job.per_epoch),
-                            output.column_names)
-    assert canonical(output, drop=()) == expected, f"seed {seed}"
