@@ -6,8 +6,9 @@ private state path (each executor's own local disk); the checkpoint and output d
 are on the file system every process shares, like a shared FS. The committed output must
 equal, row for row, the updates the input alone gives (tests/e2e/chaos_oracles.py;
 update-mode rows included: epoch boundaries are a pure function of the sources'
-positions), whether nothing fails, a worker dies mid-run, or the driver is SIGKILLed and
-the same command is run again.
+positions), whether a worker dies mid-run or the driver is SIGKILLed and the same
+command is run again (a run where nothing fails: the docs' commands below, against
+pandas).
 """
 
 from __future__ import annotations
@@ -105,20 +106,6 @@ def reference() -> list[tuple]:
     return rows
 
 
-def test_cluster_output_equals_the_updates_of_the_input(cluster, reference, tmp_path, driver_state_view):
-    job = _cluster_job(cluster, tmp_path / "job", "cluster_a")
-    proc = job.run(timeout=300)
-    _save(proc, tmp_path / "driver.log")
-    _finished(proc)
-    assert _completed_checkpoints(proc) >= 2, proc.text[-3000:]
-    got = canonical(job.output(), drop=())
-    assert len(got) == len(reference)
-    assert got == reference
-    _assert_driver_wrote_no_state(cluster)
-    # The state lived on the executors' own disks.
-    assert _job_state(cluster, 0, "cluster_a") or _job_state(cluster, 1, "cluster_a")
-
-
 def test_cluster_worker_killed_mid_run_is_exactly_once(cluster, reference, tmp_path, driver_state_view):
     job = _cluster_job(cluster, tmp_path / "job", "cluster_b")
     proc = job.start()
@@ -132,6 +119,7 @@ def test_cluster_worker_killed_mid_run_is_exactly_once(cluster, reference, tmp_p
         proc.kill9()
         _save(proc, tmp_path / "driver.log")
     _finished(proc)
+    assert _completed_checkpoints(proc) >= 2, proc.text[-3000:]
     # The job went on on the remaining worker and still took checkpoints after the loss.
     assert any(re.search(COMPLETED, line) for line in proc.lines[before_kill:]), proc.text[-3000:]
     # Losing an executor costs a rebuild of its subtasks, not a failover (DESIGN.md 2a).
