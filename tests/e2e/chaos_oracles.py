@@ -41,3 +41,45 @@ def window_rows(total: int, *, keys: int, splits: int = 2, seed: int = 7, event_
             acc[1] += value
     return [{"key": k, "window_start": w, "window_end": w + window_ms, "count": c, "sum": v}
             for (k, w), (c, v) in windows.items()]
+
+
+def aggregate_updates(total: int, *, keys: int, per_epoch: int, splits: int = 2, seed: int = 7,
+                      with_epoch: bool = True) -> list[dict[str, int]]:
+    """Every row a GeneratorSource's `total` events into KeyedAggregate(["key"], "value",
+    value_type="bigint") commits in update mode: per epoch, each key the epoch touched
+    with its running count, sum, min and max. Epoch e reads records [e * m, (e + 1) * m)
+    of every split, m = per_epoch // splits (GeneratorSource.plan without a rate), so the
+    updates are a pure function of the input; `epoch` is the epoch's number (from 0)."""
+    m = max(1, per_epoch // splits)
+    base, extra = divmod(total, splits)
+    lengths = [base + (1 if s < extra else 0) for s in range(splits)]
+    state: dict[int, list[int]] = {}
+    rows: list[dict[str, int]] = []
+    epoch = 0
+    while any(epoch * m < n for n in lengths):
+        touched = set()
+        for s in range(splits):
+            for n in range(epoch * m, min((epoch + 1) * m, lengths[s])):
+                g = n * splits + s
+                key = spark_xxhash64(seed, g) % keys
+                value = spark_xxhash64(seed + 2, g) % 1000
+                acc = state.get(key)
+                if acc is None:
+                    state[key] = [1, value, value, value]
+                else:
+                    acc[0] += 1
+                    acc[1] += value
+                    acc[2] = min(acc[2], value)
+                    acc[3] = max(acc[3], value)
+                touched.add(key)
+        for key in touched:
+            c, s_, lo, hi = state[key]
+            row = {"key": key, "count": c, "sum": s_, "min": lo, "max": hi}
+            rows.append({**row, "epoch": epoch} if with_epoch else row)
+        epoch += 1
+    return rows
+
+
+def as_canonical(rows: list[dict[str, int]], columns: list[str]) -> list[tuple]:
+    """Oracle rows as tests.e2e.harness.canonical orders a committed table's."""
+    return sorted(tuple(row[c] for c in columns) for row in rows)

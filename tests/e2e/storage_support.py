@@ -1,8 +1,7 @@
 """Shared pieces of the storage-safety and seed end-to-end tests: one small keyed-aggregate job,
-its failure-free reference output (computed once per session: Spark starts are the
-expensive part on a small machine), reading what a job left in checkpoint storage (each
-subtask's state is a lineage: snapshot + change logs), killing a run at a chosen
-moment, and ways real checkpoint files get damaged."""
+its expected output (computed from the input alone), reading what a job left in
+checkpoint storage (each subtask's state is a lineage: snapshot + change logs), killing a
+run at a chosen moment, and ways real checkpoint files get damaged."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import os
 import re
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -19,14 +17,14 @@ from sparkpoint.state.snapshot import SnapshotFile
 from sparkpoint.storage import metadata
 from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.layout import JobLayout
-from tests.e2e.harness import AGGREGATE_PIPELINE, Job, Proc, canonical
+from tests.e2e.chaos_oracles import aggregate_updates, as_canonical
+from tests.e2e.harness import AGGREGATE_PIPELINE, Job, Proc
 
 JOB_NAME = "e2e"
 OPERATOR = "totals"
 # Small on purpose: 10 input epochs, several checkpoints, ~30 s of work per run.
 JOB_SHAPE: dict[str, Any] = dict(name=JOB_NAME, template=AGGREGATE_PIPELINE, keys=50, total=20_000,
                                  per_epoch=2_000)
-REFERENCE_RETAINED = 2
 # Snapshots by count only (a subtask uploads one once it has 4 change logs), so which
 # checkpoints share a snapshot does not depend on how fast a loaded machine runs.
 SNAPSHOT_EVERY_4_EPOCHS = ["state.changelog.max-changelogs=4", "state.changelog.periodic-materialize.interval=10 min"]
@@ -36,30 +34,13 @@ def make_job(root: Path, **overrides: Any) -> Job:
     return Job(root, **{**JOB_SHAPE, **overrides})
 
 
-@dataclass
-class Reference:
-    job: Job
-    rows: list[tuple]
-    proc: Proc
-
-
-_reference: Reference | None = None
-
-
-def reference(tmp_path_factory) -> Reference:
-    """The failure-free run (update-mode output is a pure function of the epoch
-    boundaries, so every correct run of JOB_SHAPE commits exactly these rows). It keeps
-    only REFERENCE_RETAINED checkpoints, which the retention test inspects."""
-    global _reference
-    if _reference is None:
-        # Snapshots by count, so the retained checkpoints always include snapshot files
-        # (by time, a fast run could finish before the first one was due).
-        job = make_job(tmp_path_factory.mktemp("reference"),
-                       sets=[f"execution.checkpointing.num-retained={REFERENCE_RETAINED}", *SNAPSHOT_EVERY_4_EPOCHS])
-        proc = job.run()
-        assert proc.popen.returncode == 0 and "FINISHED" in proc.text, proc.text[-3000:]
-        _reference = Reference(job, canonical(job.output(), drop=()), proc)
-    return _reference
+def expected_updates(columns: list[str]) -> list[tuple]:
+    """What every correct run of JOB_SHAPE commits, in `canonical`'s form for a table with
+    `columns`: update-mode rows are a pure function of the epoch boundaries, which are a
+    pure function of the input (tests/e2e/chaos_oracles.py), so no failure-free reference
+    job has to run."""
+    return as_canonical(aggregate_updates(JOB_SHAPE["total"], keys=JOB_SHAPE["keys"],
+                                          per_epoch=JOB_SHAPE["per_epoch"]), columns)
 
 
 # -- reading a job directory ------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 Real `sparkpoint run` processes: a second deployment is refused while the first runs,
 and a SIGKILLed holder is taken over at once because its process is gone (only a real
-process can die). The output is compared with the windows computed from the input alone
-(tests/e2e/chaos_oracles.py). The restart and bad-disk scenarios that need no second
-process run in-process: tests/integration/test_storage_safety_inprocess.py.
+process can die). The output is compared with what the input alone gives
+(tests/e2e/chaos_oracles.py). The scenarios that need no second process (retention,
+nothing valid left, restore.mode=empty) run in-process:
+tests/integration/test_storage_safety_inprocess.py.
 
 Fencing of a run that lost its lease is proven at unit level with real files:
 tests/unit/storage/test_storage_lease.py::test_fenced_out_holder_cannot_commit_or_heartbeat
@@ -15,7 +16,6 @@ below for a holder on another host whose lease expired.
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +38,11 @@ from tests.e2e.storage_support import (
     kill_when,
     lineages,
     local_copy,
-    reference,
-    state_files,
     JOB_SHAPE,
     chk_dir_ids,
     completed_checkpoints,
     completed_ids,
+    expected_updates,
     job_storage,
     make_job,
     wait_completed,
@@ -192,13 +191,12 @@ def _damage_plan(job: Job, fs, layout) -> _Damage | None:
     return _Damage(latest, older, newer[-1], copy / ssts[0])
 
 
-def test_corrupt_local_copy_and_corrupt_remote_checkpoint_fall_back_then_nothing_valid_refuses(
-        tmp_path: Path, tmp_path_factory) -> None:
+def test_corrupt_local_copy_and_corrupt_remote_checkpoint_fall_back(tmp_path: Path) -> None:
     """Seed 003 ("Bad table magic number" kills the pod): a damaged local recovery copy
     is replaced from checkpoint storage; a damaged checkpoint in storage makes the job
-    fall back to the next older one; with none valid the job refuses to start, and
-    restore.mode=empty starts from scratch."""
-    expected = reference(tmp_path_factory).rows
+    fall back to the next older one. With none valid the job refuses to start, and
+    restore.mode=empty starts from scratch: tests/integration/test_storage_safety_inprocess.py::
+    test_with_no_valid_checkpoint_the_job_refuses_to_start_and_restore_mode_empty_starts_fresh."""
     job = make_job(tmp_path / "job", sets=SNAPSHOT_EVERY_4_EPOCHS)
     fs, layout = job_storage(str(job.root / "checkpoints"))
     first = job.start()
@@ -223,31 +221,7 @@ def test_corrupt_local_copy_and_corrupt_remote_checkpoint_fall_back_then_nothing
                      rf"{re.escape(plan.local_sst.name)}[^)]*\); those files were restored from checkpoint storage",
                      text), text[-3000:]
     assert "-> FAILED" not in text
-    assert canonical(job.output(), drop=()) == expected
-
-    # Nothing valid left: every retained checkpoint damaged in storage, no local copies.
-    done = completed_checkpoints(fs, layout)
-    retained_files = {f.path for data in done.values() for f in state_files(data)}
-    for path in retained_files:  # once each: a shared file flipped twice would be whole again
-        flipped_bytes(Path(layout.join(path)), at=0)
-    shutil.rmtree(job.root / "state")
-
-    refused = job.run(timeout=SPARK_TIMEOUT)
-
-    assert refused.popen.returncode == 2, refused.text[-3000:]
-    assert re.search(rf"has {len(done)} completed checkpoint\(s\) .* but none restores", refused.text), \
-        refused.text[-3000:]
-    assert "--set restore.mode=empty" in refused.text and "sparkpoint doctor" in refused.text
-    after_refusal = canonical(job.output(), drop=())
-
-    from_scratch = make_job(tmp_path / "from-scratch", checkpoint_dir=str(job.root / "checkpoints"))
-    empty = from_scratch.run(["restore.mode=empty"], timeout=SPARK_TIMEOUT)
-    assert empty.popen.returncode == 0, empty.text[-3000:]
-    assert f"[{JOB_NAME}] starting fresh: restore.mode=empty" in empty.text, empty.text[-3000:]
-    assert canonical(from_scratch.output(), drop=()) == expected
-
-    # "Nothing was started, so nothing was lost": the refused run left the committed
-    # output as it was (it did not withdraw the epochs of checkpoints it could not restore).
-    assert len(after_refusal) == len(expected), "a refused run must not touch the output"
-    assert after_refusal == expected, "a refused run must not touch the output"
-
+    output = job.output()
+    expected = expected_updates(output.column_names)
+    assert len(expected) > 100
+    assert canonical(output, drop=()) == expected

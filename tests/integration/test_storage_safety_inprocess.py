@@ -1,29 +1,36 @@
 """What a finished run leaves in checkpoint storage (retention, layout, garbage), read
-from one failure-free in-process run of the keyed aggregate job on the shared session.
+from one failure-free in-process run of the keyed aggregate job on the shared session;
+and a job whose checkpoints are all damaged (it refuses to start; restore.mode=empty
+starts it from scratch).
 
-The damaged-checkpoint scenario (a corrupt local copy and a corrupt checkpoint in
-storage, then nothing valid) stays in tests/e2e/test_storage_safety.py: it damages a
-local snapshot copy the crashed run left, and in one process the surviving Python
-workers may still prune that copy after the crash point; a SIGKILL stops them too. So do
-the lease scenarios that need a second process."""
+The damaged-checkpoint fall-back (a corrupt local copy and a corrupt checkpoint in
+storage) stays in tests/e2e/test_storage_safety.py: it damages a local snapshot copy the
+crashed run left, and in one process the surviving Python workers may still prune that
+copy after the crash point; a SIGKILL stops them too. So do the lease scenarios that
+need a second process."""
 
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from sparkpoint import GeneratorSource, KeyedAggregate, ParquetSink, Pipeline
+from sparkpoint.errors import NoValidCheckpointError
 from sparkpoint.runtime.executor.state import SubtaskState
 from sparkpoint.runtime.status import JobStatus
 from sparkpoint.storage.handles import checkpoint_file_entries
 from sparkpoint.storage.inspect import verify_checkpoints
+from tests.e2e.chaos_oracles import aggregate_updates, as_canonical
+from tests.e2e.harness import canonical, read_output
 from tests.e2e.storage_support import (
     SNAPSHOT_EVERY_4_EPOCHS,
     chk_dir_ids,
     completed_checkpoints,
+    flipped_bytes,
     job_storage,
     lineages,
     state_files,
@@ -117,3 +124,51 @@ def test_shared_files_no_retained_checkpoint_references_are_collected(finished) 
     shared = {layout.relative(f.path) for f in fs.find(layout.shared)}
     assert referenced <= shared
     assert sorted(shared - referenced) == [], "unreferenced shared files are reclaimed"
+
+
+# -- nothing valid left ------------------------------------------------------------------
+
+def _aggregate_pipeline(out: Path) -> Pipeline:
+    return (Pipeline(AGGREGATE_JOB)
+            .source(GeneratorSource("events", keys=50, total_events=20_000, max_records_per_epoch=2_000))
+            .stateful(KeyedAggregate(AGGREGATE_OPERATOR, ["key"], "value", value_type="bigint"))
+            .sink(ParquetSink(str(out))))
+
+
+def test_with_no_valid_checkpoint_the_job_refuses_to_start_and_restore_mode_empty_starts_fresh(
+        spark, tmp_path: Path) -> None:
+    """Seed 003's last step: every retained checkpoint is damaged in storage and no local
+    copy is left. The job refuses to start, says how to look and how to start anyway, and
+    leaves the committed output as it was ("nothing was started, so nothing was lost");
+    restore.mode=empty then starts from scratch and commits the whole output again."""
+    out = tmp_path / "out"
+    settings = job_settings(tmp_path, AGGREGATE_JOB, **SNAPSHOTS_BY_COUNT)
+    assert start(_aggregate_pipeline(out), settings, spark).wait().status is JobStatus.FINISHED
+    expected = as_canonical(aggregate_updates(20_000, keys=50, per_epoch=2_000),
+                            ["key", "count", "sum", "min", "max", "epoch"])
+    assert canonical(read_output(out), drop=()) == expected
+
+    fs, layout = job_storage(str(tmp_path / "checkpoints"), job_name=AGGREGATE_JOB)
+    done = completed_checkpoints(fs, layout)
+    assert done
+    for path in {f.path for data in done.values() for f in state_files(data)}:  # once each
+        flipped_bytes(Path(layout.join(path)), at=0)
+    shutil.rmtree(tmp_path / "state")
+
+    refused = start(_aggregate_pipeline(out), settings, spark)
+    with pytest.raises(NoValidCheckpointError) as e:
+        refused.wait()
+    message = str(e.value)
+    assert re.search(rf"has {len(done)} completed checkpoint\(s\) .* but none restores", message), message
+    assert "--set restore.mode=empty" in message and "sparkpoint doctor" in message, message
+    assert "Nothing was started, so nothing was lost" in message
+    assert canonical(read_output(out), drop=()) == expected, "a refused run must not touch the output"
+
+    from_scratch = tmp_path / "from-scratch"
+    fresh = start(_aggregate_pipeline(from_scratch / "out"),
+                  job_settings(from_scratch, AGGREGATE_JOB, **{"execution.checkpointing.dir":
+                                                               str(tmp_path / "checkpoints"),
+                                                               "restore.mode": "empty"}), spark)
+    assert fresh.wait().status is JobStatus.FINISHED, fresh.tail()
+    assert "starting fresh: restore.mode=empty" in fresh.text, fresh.tail()
+    assert canonical(read_output(from_scratch / "out"), drop=()) == expected
