@@ -72,6 +72,7 @@ from sparkpoint.runtime.snapshots import SnapshotSteps
 from sparkpoint.runtime.spark import await_executors, create_session, is_local, master_to_create, session_master
 from sparkpoint.runtime.graph import EventTimes, JobGraph
 from sparkpoint.runtime.graph_epoch import run_graph_epoch
+from sparkpoint.runtime.position import JobPosition, join_plans, split_plan
 from sparkpoint.runtime.status import JobStatus, JobStatusTracker
 from sparkpoint.runtime.executor.storage import StorageRef
 from sparkpoint.runtime.executor.state import job_local_root
@@ -149,8 +150,6 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self._requests: queue.SimpleQueue = queue.SimpleQueue()  # to the control thread; None stops it
         self._stop_requests: queue.SimpleQueue = queue.SimpleQueue()  # to the epoch loop (runtime/savepoints.py)
         self.stopped_with: str | None = None  # the savepoint the job stopped with
-        self._origin: str | None = None  # the savepoint this job's state descends from
-        self._origin_path: str | None = None  # ... and where it was (execution.state-recovery.path)
         self._failover_reason: str | None = None
         self._fatal: BaseException | None = None
         self.faults = ParticipantFaults.from_rules(settings.faults)
@@ -159,13 +158,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                            materialize_interval_ms=settings.materialize_interval_ms,
                            max_changelogs=settings.materialize_max_changelogs) for name in self.operators}
         self.lineages = next(iter(self.lineages_of.values()), None)
-        # progress state
-        self.epoch = -1
-        self.source_positions: dict[str, Positions] = {name: {} for name in self.sources}
-        self.event_times = EventTimes(self.graph)
-        self.records = 0  # input records, each counted once per run
-        self.replayed_records = 0  # read again by epochs re-run after a restore
-        self._highest_epoch_run = -1
+        # Where the job is: epoch, source positions, event times, record counts (runtime/position.py).
+        self.position = JobPosition(self.sources, EventTimes(self.graph))
         self.late_dropped_by_step: dict[str, int] = {name: 0 for name in self.operators}  # in this run
         # subtask per Spark task of each step, from its last epoch (stage.run_epoch)
         self._worker_order: dict[str, list[int] | None] = {name: None for name in self.operators}
@@ -204,6 +198,30 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             ps += self.step_participants(step)
         return ps
 
+    # ------------------------------------------------------------------ position (runtime/position.py)
+    @property
+    def epoch(self) -> int:
+        """The last epoch that finished (-1: none yet)."""
+        return self.position.epoch
+
+    @property
+    def source_positions(self) -> dict[str, Positions]:
+        return self.position.source_positions
+
+    @property
+    def event_times(self) -> EventTimes:
+        return self.position.event_times
+
+    @property
+    def records(self) -> int:
+        """Input records, each counted once per run."""
+        return self.position.records
+
+    @property
+    def replayed_records(self) -> int:
+        """Input records that epochs re-run after a restore read again."""
+        return self.position.replayed_records
+
     @property
     def positions(self) -> Positions:
         """The first source's positions (the only source of a linear pipeline)."""
@@ -212,7 +230,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     @property
     def max_event_time(self) -> int | None:
         """The largest event time any watermarked stream has seen."""
-        return self.event_times.overall_max()
+        return self.position.max_event_time()
 
     @property
     def late_dropped(self) -> int:
@@ -645,7 +663,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     # ------------------------------------------------------------------ epoch loop
     def _watermark(self) -> int | None:
         """The job's watermark: the minimum over every watermarked stream (idle ones left out)."""
-        return self.event_times.job_watermark(int(time.time() * 1000))
+        return self.position.watermark(int(time.time() * 1000))
 
     def _epoch_loop(self) -> None:
         while not self._stop.is_set():
@@ -660,7 +678,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                 return
             replay = self.epoch_plans.replay(self.epoch + 1)
             if replay is not None:  # published before a restore fell back: run it as first planned
-                self._run_one_epoch(self._split_plan(SlicePlan(replay.start, replay.end)), final=replay.final)
+                self._run_one_epoch(split_plan(SlicePlan(replay.start, replay.end), list(self.sources)),
+                                    final=replay.final)
                 continue
             for name, src in self.sources.items():
                 self.source_positions[name] = src.discover(self.source_positions[name])
@@ -695,23 +714,6 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             plan = src.shrink(plan, units)
         return {name: plan}, planned, src.plan_size(plan)
 
-    # An epoch's plan in the epoch plan log and its slice identity: one source's as it
-    # always was; several sources' as {source name: positions}.
-    def _join_plan(self, plans: dict[str, SlicePlan]) -> SlicePlan:
-        if len(plans) == 1:
-            return next(iter(plans.values()))
-        return SlicePlan({n: dict(p.start) for n, p in plans.items()}, {n: dict(p.end) for n, p in plans.items()})
-
-    def _split_plan(self, plan: SlicePlan) -> dict[str, SlicePlan]:
-        if len(self.sources) == 1:
-            return {self.source.name: plan}
-        return {n: SlicePlan(dict(plan.start.get(n, {})), dict(plan.end.get(n, {}))) for n in self.sources}
-
-    def _joined_positions(self) -> dict:
-        if len(self.sources) == 1:
-            return dict(self.positions)
-        return {n: dict(p) for n, p in self.source_positions.items()}
-
     def _run_one_epoch(self, plans: dict[str, SlicePlan], final: bool) -> None:
         """One epoch of the whole graph:
           1. take the barriers triggered since the last boundary (this epoch carries them);
@@ -733,19 +735,18 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             if not any(older is b for b in carried):
                 self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
         # 2.
-        epoch = self.epoch + 1
+        epoch = self.position.next_epoch
         replay = self.epoch_plans.replay(epoch)
         if replay is not None:  # whoever asked for an epoch here: this one is already published
-            plans, final = self._split_plan(SlicePlan(replay.start, replay.end)), replay.final
+            plans, final = split_plan(SlicePlan(replay.start, replay.end), list(self.sources)), replay.final
             now_ms = replay.processing_time_ms
         else:
             now_ms = int(time.time() * 1000)
-        watermarks = {step: None if final else self.event_times.for_step(step, now_ms) for step in self.operators}
+        watermarks = self.position.step_watermarks(self.operators, now_ms, final)
+        joined = join_plans(plans)
         if replay is None:
-            self.epoch_plans.record(epoch, self._join_plan(plans), final,
-                                    None if final else self.event_times.job_watermark(now_ms), now_ms)
+            self.epoch_plans.record(epoch, joined, final, None if final else self.position.watermark(now_ms), now_ms)
         self._before_first_epoch_after_restore()
-        joined = self._join_plan(plans)
         savepoint_to = self._savepoint_target(savepoint)
 
         def make_task(node, output):
@@ -776,21 +777,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             else:
                 sink.stage_epoch(epoch, result.sink_handles.get(name, []))
         # 5. The epoch is done: advance.
-        self.epoch = epoch
-        for name, plan in plans.items():
-            self.source_positions[name] = dict(plan.end)
-        records = result.input_records
-        if epoch > self._highest_epoch_run:
-            self._highest_epoch_run = epoch
-            self.records += records
-        else:  # a restore rewound the sources: this epoch's input was counted when it first ran
-            self.replayed_records += records
-        for key, (rows, max_ts) in result.event_times.items():
-            self.event_times.observe(key, rows, max_ts, now_ms)
-        if not final:
-            for step, watermark in watermarks.items():
-                self.event_times.ran(step, watermark)
-        self.progress.on_epoch(result, result.output_rows, records)
+        self.position.advance(epoch, plans, result.input_records, result.event_times, now_ms, watermarks, final)
+        self.progress.on_epoch(result, result.output_rows, result.input_records)
         # 6.
         for barrier in carried:
             self._snapshot(barrier.checkpoint_id, result,
@@ -885,7 +873,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     def _run_empty_epoch(self, final: bool = True) -> None:
         """An epoch with no input that carries a barrier; `final`: it also fires what the
         final watermark releases (end of a bounded input)."""
-        self._run_one_epoch({n: SlicePlan(dict(p), dict(p)) for n, p in self.source_positions.items()}, final=final)
+        self._run_one_epoch(self.position.empty_plans(), final=final)
 
     def _carry_barriers_until(self, done: Callable[[], bool], final: bool = True) -> bool:
         """Keep carrying barriers with empty epochs until `done()`. False if the job was

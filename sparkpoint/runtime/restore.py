@@ -88,12 +88,10 @@ class RestoreSteps:
         self.gateway.set_restoring([])
         for lineages in self.lineages_of.values():
             lineages.reset_empty()
-        self.epoch = -1
-        self.event_times.reset()
+        self.position.start_fresh(lambda name: self.sources[name].initial_positions())
         self.restored_from = None
         self._restored_external = None
         self._restoring = False
-        self.source_positions = {n: src.initial_positions() for n, src in self.sources.items()}
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
         for sink in self.sinks.values():
             sink.recover(None)
@@ -121,7 +119,8 @@ class RestoreSteps:
         path = self.settings.recovery_path
         own = [c for c in completed if c.checkpoint_id not in self._bad_checkpoints
                and (c.handles.get(JOB) or {}).get("origin_path") == path]
-        if own or (self._origin is not None and any((c.handles.get(JOB) or {}).get("origin") == self._origin
+        origin = self.position.origin
+        if own or (origin is not None and any((c.handles.get(JOB) or {}).get("origin") == origin
                                                     for c in completed)):
             log.info("job %s already has checkpoints taken after starting from %s; resuming from those, "
                      "not from the savepoint", self.job_name, path)
@@ -142,8 +141,8 @@ class RestoreSteps:
         except CorruptCheckpointError as e:
             raise NoValidCheckpointError(f"cannot start job {self.job_name} from {path}: {_summary(e)}. "
                                          "Nothing was started; pass another savepoint") from e
-        self._origin = identity
-        self._origin_path = path
+        self.position.origin = identity
+        self.position.origin_path = path
         # New checkpoint ids continue after the savepoint's: sinks that remember the
         # last committed id (Kafka's commit marker) must not take new ones for old.
         self.storage.ids.set_count(max(self.storage.ids.get(), data.checkpoint_id + 1))
@@ -170,21 +169,10 @@ class RestoreSteps:
         if self.operators:
             self.gateway.set_restoring([p for step in self.operators for p in self.step_participants(step)])
             self._restoring = True
-        self._origin = job.get("origin")
-        self._origin_path = job.get("origin_path")
         self._restored_external = savepoint
-        self.epoch = int(job["epoch"])
-        event_times = job.get("event_times")
-        if event_times is None and len(self.event_times.delay) == 1:  # taken before graphs: one watermark
-            event_times = {next(iter(self.event_times.delay)): job.get("max_event_time")}
-        self.event_times.reset(event_times, job.get("step_watermarks"))
+        self.position.restore(job, {name: handles.get(f"source:{name}") for name in self.sources},
+                              lambda name: self.sources[name].initial_positions(), what)
         self.restored_from = data.checkpoint_id
-        for name, src in self.sources.items():
-            handle = handles.get(f"source:{name}")
-            if handle is None:  # a source new in the graph starts where it starts
-                log.info("job %s: source %s has no positions in %s; it starts from its initial positions",
-                         self.job_name, name, what)
-            self.source_positions[name] = dict(handle["positions"]) if handle is not None else src.initial_positions()
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
         for name, sink in self.sinks.items():
             if savepoint is not None:  # its sink handle may name files inside the savepoint
@@ -196,7 +184,7 @@ class RestoreSteps:
         published = [e for e in (s.published_epoch() for s in self.sinks.values() if s.needs_epoch_plans)
                      if e is not None]
         planned = [s for s in self.sinks.values() if s.needs_epoch_plans] or [self.sink]
-        self.epoch_plans.prepare(self.epoch, max(published) if published else None, self._joined_positions(),
+        self.epoch_plans.prepare(self.epoch, max(published) if published else None, self.position.joined(),
                                  what, ", ".join(str(s.location or s.name) for s in planned),
                                  publish_again=self.settings.unreplayable_epochs == "publish-again")
         log.info("job %s restores %s (epoch %d)", self.job_name, what, self.epoch)

@@ -31,22 +31,12 @@ class SnapshotSteps:
 
     def _snapshot(self, checkpoint_id: int, result, savepoint_url: str | None = None) -> None:
         c = self.coordinator
-        job = {"epoch": self.epoch, "max_event_time": self.max_event_time, "watermark": self._watermark(),
-               # each watermarked stream's largest event time, by watermark (runtime/graph.py)
-               "event_times": dict(self.event_times.max_event_time),
-               # the watermark each step last ran under: the steps after it take it next
-               "step_watermarks": dict(self.event_times.step_marks),
-               "records": self.records, "origin": self._origin,
-               # The line of epochs this checkpoint is on: a failover to it replays that
-               # line's logged epochs (runtime/epoch_replay.py).
-               "history": self.epoch_plans.history,
-               # Where it was: a failover or rerun finds its own checkpoints without reading it.
-               "origin_path": getattr(self, "_origin_path", None)}
+        job = self.position.to_checkpoint(int(time.time() * 1000), self.epoch_plans.history)
         if savepoint_url is not None:
             job["savepoint"] = savepoint_url  # where it is: the copies' directory
         c.acknowledge(checkpoint_id, JOB, job)
-        for name, positions in self.source_positions.items():
-            c.acknowledge(checkpoint_id, f"source:{name}", {"positions": dict(positions)})
+        for name, handle in self.position.source_handles().items():
+            c.acknowledge(checkpoint_id, f"source:{name}", handle)
         for name, sink in self.sinks.items():
             participant = f"sink:{name}"
             try:

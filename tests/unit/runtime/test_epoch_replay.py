@@ -6,6 +6,8 @@ may publish it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import logging
 from pathlib import Path
 
@@ -164,21 +166,16 @@ def test_the_sink_part_of_a_checkpoint_is_declined_while_an_epoch_it_would_publi
         plan_log: EpochPlanLog) -> None:
     from sparkpoint.checkpoint import CheckpointFailureReason
     from sparkpoint.faults import ParticipantFaults
+    from sparkpoint.runtime.graph import EventTimes
+    from sparkpoint.runtime.position import JobPosition
     from sparkpoint.runtime.snapshots import SnapshotSteps
 
     class Job(SnapshotSteps):
         operators: dict = {}
-        epoch, max_event_time, records, source_positions = 3, None, 0, {"events": {}}
-        _origin = _origin_path = None
-
-        class event_times:
-            max_event_time: dict = {}
-            step_marks: dict = {}
-
-        def _watermark(self) -> None:
-            return None
 
     job = Job()
+    job.position = JobPosition(["events"], EventTimes(SimpleNamespace(watermark_keys={}, step_watermarks={},
+                                                                      step_upstreams={})))
     job.coordinator, job.sink, job.faults = RecordingCoordinator(), CountingSink(), ParticipantFaults.from_rules([])
     job.sinks = {"kafka": job.sink}
     job.epoch_plans = EpochReplay(plan_log)
