@@ -41,7 +41,6 @@ from sparkpoint.api.pipeline import Pipeline
 from sparkpoint.checkpoint import (
     CheckpointCoordinator,
     CheckpointCoordinatorConfig,
-    CheckpointFailureReason,
     ThreadScheduler,
 )
 from sparkpoint.config import Settings
@@ -53,7 +52,6 @@ from sparkpoint.runtime.epoch_replay import EpochReplay
 from sparkpoint.runtime.epoch_sizer import EpochSizer
 from sparkpoint.runtime.progress import ProgressReporter
 from sparkpoint.runtime.failures import (
-    JOB,
     FailoverRequired,
     FailureSignature,
     PythonFailure,
@@ -67,8 +65,10 @@ from sparkpoint.runtime.failures import summarize as _summary
 from sparkpoint.runtime.gateway import RuntimeGateway
 from sparkpoint.runtime.restart import restart_strategy_from
 from sparkpoint.runtime.restore import RestoreSteps
-from sparkpoint.runtime.savepoints import SavepointSteps, one_savepoint_at_a_time
-from sparkpoint.runtime.snapshots import SnapshotSteps
+from sparkpoint.runtime.participants import all_participants, sink_participant, source_participant, \
+    state_participant, step_participants
+from sparkpoint.runtime.savepoints import SavepointControl, StopEpochs, StopOutcome, StopRequest, savepoint_path
+from sparkpoint.runtime.snapshots import Committer, Snapshotter, live_state_handles
 from sparkpoint.runtime.spark import await_executors, create_session, is_local, master_to_create, session_master
 from sparkpoint.runtime.graph import EventTimes, JobGraph
 from sparkpoint.runtime.graph_epoch import run_graph_epoch
@@ -80,6 +80,7 @@ from sparkpoint.runtime.executor.store_opening import EpochInput, slice_identity
 from sparkpoint.runtime.executor.subtask import EpochTask
 from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.storage_setup import open_job_storage
+from sparkpoint.redaction import mask_url
 from sparkpoint.state.memory import StateMemory
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class JobResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
+class JobMaster(RestoreSteps):
     def __init__(self, pipeline: Pipeline, settings: Settings, spark=None):
         pipeline.validate()
         self.pipeline = pipeline
@@ -148,8 +149,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self.cancelled_after: str | None = None  # the failure a cancel during the restart backoff cut short
         self._restored_external: str | None = None  # the savepoint restored, for the restore statistics
         self._requests: queue.SimpleQueue = queue.SimpleQueue()  # to the control thread; None stops it
-        self._stop_requests: queue.SimpleQueue = queue.SimpleQueue()  # to the epoch loop (runtime/savepoints.py)
-        self.stopped_with: str | None = None  # the savepoint the job stopped with
+        # Stop requests (to the epoch loop) and savepoint targets.
+        self.savepoints = SavepointControl(self.job_name, settings, self.status, self._stop)
         self._failover_reason: str | None = None
         self._fatal: BaseException | None = None
         self.faults = ParticipantFaults.from_rules(settings.faults)
@@ -165,14 +166,13 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self._worker_order: dict[str, list[int] | None] = {name: None for name in self.operators}
         # Rehearsals that fail the executors' storage writes of a given checkpoint need its
         # barrier inside an epoch; otherwise checkpoints complete at the end of the epoch
-        # they were triggered in (`_snapshot_at_epoch_end`).
+        # they were triggered in (`Snapshotter.at_epoch_end`).
         self._ack_at_epoch_end = not any(isinstance(r, dict) and "checkpoints" in r and "participant" not in r
                                          for r in settings.faults)
         self.restarts = 0
         self.final_done = False
         self.restored_from: int | None = None
         self._restoring = False
-        self._previous_barrier_epoch = -1  # for the bytes a checkpoint added to storage
         self._bad_checkpoints: dict[int, str] = {}
         self.epoch_sizer = EpochSizer(settings.epoch_target_ms) if settings.epoch_target_ms else None
         self.epoch_plans = EpochReplay(None)  # with its log once storage is open (_setup)
@@ -180,23 +180,25 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     # ------------------------------------------------------------------ participants
     @property
     def source_participant(self) -> str:
-        return f"source:{self.source.name}"
+        return source_participant(self.source.name)
 
     @property
     def sink_participant(self) -> str:
-        return f"sink:{self.sink.name}"
+        return sink_participant(self.sink.name)
 
     def state_participant(self, subtask: int, step: str | None = None) -> str:
-        return f"state:{step or self.operator.name}/{subtask}"
+        return state_participant(step or self.operator.name, subtask)
 
     def step_participants(self, step: str) -> list[str]:
-        return [self.state_participant(i, step) for i in range(self.P)]
+        return step_participants(step, self.P)
 
     def participants(self) -> list[str]:
-        ps = [JOB, *(f"source:{n}" for n in self.sources), *(f"sink:{n}" for n in self.sinks)]
-        for step in self.operators:
-            ps += self.step_participants(step)
-        return ps
+        return all_participants(self.sources, self.sinks, self.operators, self.P)
+
+    @property
+    def stopped_with(self) -> str | None:
+        """The savepoint the job stopped with."""
+        return self.savepoints.stopped_with
 
     # ------------------------------------------------------------------ position (runtime/position.py)
     @property
@@ -268,7 +270,13 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             self.job_name, cfg, self.scheduler, self.storage.ids, self.storage.checkpoints, self.gateway,
             fail_job=self._on_checkpoint_failures_exceeded,
             # State files the running job still needs but no checkpoint references yet.
-            live_references=self._live_state_handles if self.operators else None)
+            live_references=(lambda: live_state_handles(self.lineages_of)) if self.operators else None)
+        # The epoch sequence's collaborators (docs/runtime.md): acks at the barrier, commits once complete.
+        self.committer = Committer(self.job_name, self.storage, self.coordinator, self.gateway, self.sources,
+                                   self.sinks, self.lineages_of, self.epoch_plans)
+        self.snapshotter = Snapshotter(self.coordinator, self.gateway, self.faults, self.position, self.epoch_plans,
+                                       self.sinks, self.lineages_of, s.storage_options,
+                                       ack_at_epoch_end=self._ack_at_epoch_end)
         if s.alarm_webhook:
             from sparkpoint.checkpoint.alarms import WebhookAlarmListener
             self.coordinator.alarms.register(WebhookAlarmListener(s.alarm_webhook))
@@ -314,8 +322,9 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         for sink in self.sinks.values():
             sink.open(self.job_name)
 
-    def _live_state_handles(self) -> list[dict]:
-        return [h for lineages in self.lineages_of.values() for h in lineages.live_handles()]
+    def _on_checkpoint_complete(self, checkpoint_id: int, data) -> None:
+        """The gateway's committer thread, once `_metadata` is durable (runtime/snapshots.py)."""
+        self.committer.on_complete(checkpoint_id, data)
 
     def _warn_settings_for_own_sessions(self) -> None:
         """spark.master and spark.conf configure a session sparkpoint creates; the one
@@ -340,6 +349,24 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                                  f"({self.settings.tolerable_failed_checkpoints}); last: {getattr(reason, 'name', reason)}")
 
     # ------------------------------------------------------------------ public
+    def trigger_savepoint(self, target: str | None = None) -> Future:
+        """Take a savepoint now, the job keeps running; the future completes with its path
+        (or URL). Its output is committed by the next checkpoint, not by it. ConfigError
+        for a target outside the checkpoint directory and the allowed targets."""
+        self.savepoints.check_target(target)
+        log.info("savepoint requested%s", f" to {mask_url(target)}" if target else "")
+        return savepoint_path(self.coordinator.trigger_savepoint(target), self.job_name)
+
+    def stop(self, savepoint: bool = True, target: str | None = None) -> Future:
+        """Stop the job with a savepoint (its path is the future's result) or, with
+        `savepoint=False`, with a last checkpoint (result None). Ends FINISHED.
+        ConfigError, before anything is queued, for a target outside the allowed places."""
+        return self.savepoints.request_stop(savepoint, target)
+
+    def stop_with_savepoint(self, target: str | None = None, *, savepoint: bool | None = None) -> Future:
+        """`stop()` as the REST API calls it: a target implies a savepoint."""
+        return self.stop(savepoint=target is not None if savepoint is None else savepoint, target=target)
+
     def cancel(self) -> None:
         self._stop.set()
 
@@ -360,10 +387,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             prev_handlers = self._install_signal_handlers()
             return self._run_with_restarts()
         except BaseException as e:
-            self._settle_stop_requests(e)
+            self.savepoints.settle(e)
             raise
         finally:
-            self._settle_stop_requests()  # before the REST server closes: callers fetch the answer
+            self.savepoints.settle()  # before the REST server closes: callers fetch the answer
             self._teardown()
             for sig, h in prev_handlers.items():
                 signal.signal(sig, h)
@@ -541,20 +568,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     def _requeue_signal_stop(self) -> None:
         """The signal's stop request goes first in the queue again (a failure while it
         carried its barriers took it out)."""
-        import queue as _queue
-
-        from sparkpoint.runtime.savepoints import StopRequest
-
-        waiting = []
-        while True:
-            try:
-                waiting.append(self._stop_requests.get_nowait())
-            except _queue.Empty:
-                break
-        if not any(r.future is self._signal_stop for r in waiting):
-            waiting.insert(0, StopRequest(False, None, self._signal_stop))
-        for request in waiting:
-            self._stop_requests.put(request)
+        self.savepoints.requeue(StopRequest(False, None, self._signal_stop))
 
     def _latest_completed_id(self) -> int | None:
         try:
@@ -669,7 +683,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         while not self._stop.is_set():
             if self._failover_reason:
                 raise FailoverRequired(self._failover_reason)
-            if self._restoring and self._stop_waiting():
+            if self._restoring and self.savepoints.waiting(self._signal_stop):
                 # Restored with a stop waiting (interrupted by the failure, or asked for
                 # meanwhile): an epoch without input brings the state subtasks up first, or
                 # they refuse the stop's checkpoint or savepoint as still restoring.
@@ -699,6 +713,14 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             if size is not None:
                 self.epoch_sizer.observe(size, planned, time.monotonic() - started)
 
+    def _serve_stop_request(self) -> bool:
+        """Carry out a queued stop, if any (runtime/savepoints.py). True if the job stopped."""
+        outcome = self.savepoints.serve(self.coordinator, self.progress,
+                                        StopEpochs(self._carry_barriers_until, self._commit_final))
+        if outcome is StopOutcome.STOPPED:
+            self.final_done = True
+        return outcome is not StopOutcome.KEEP_RUNNING
+
     def _sized(self, plans: dict[str, SlicePlan]):
         """The plans cut to the epoch sizer's budget; with the units planned and taken. The
         sizer learns one source's pace: a job with several sources is not sized."""
@@ -724,16 +746,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
           5. advance: positions, event times, counts;
           6. with a barrier: every participant acks (runtime/snapshots.py)."""
         # 1.
-        barriers = self.gateway.take_barriers(one_savepoint_at_a_time())
-        checkpoint_id = barriers[-1].checkpoint_id if barriers else None
-        # Several barriers between two boundaries share one snapshot; the older
-        # checkpoints are subsumed by the newest (declined as not counted). A savepoint
-        # is never subsumed: the oldest one is carried too, later ones by later epochs.
-        savepoint = next((b for b in reversed(barriers) if b.properties.savepoint), None)
-        carried = [b for b in barriers if b is savepoint or b is barriers[-1]]
-        for older in barriers:
-            if not any(older is b for b in carried):
-                self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
+        barriers = self.snapshotter.take_barriers()
+        checkpoint_id = barriers.checkpoint_id
         # 2.
         epoch = self.position.next_epoch
         replay = self.epoch_plans.replay(epoch)
@@ -747,7 +761,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         if replay is None:
             self.epoch_plans.record(epoch, joined, final, None if final else self.position.watermark(now_ms), now_ms)
         self._before_first_epoch_after_restore()
-        savepoint_to = self._savepoint_target(savepoint)
+        savepoint_to = self._savepoint_target(barriers.savepoint)
 
         def make_task(node, output):
             lineages = self.lineages_of[node.name]
@@ -780,27 +794,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self.position.advance(epoch, plans, result.input_records, result.event_times, now_ms, watermarks, final)
         self.progress.on_epoch(result, result.output_rows, result.input_records)
         # 6.
-        for barrier in carried:
-            self._snapshot(barrier.checkpoint_id, result,
-                           savepoint_url=barrier.location.url if barrier is savepoint else None)
-        if self._ack_at_epoch_end:
-            self._snapshot_at_epoch_end(result)
-
-    def _snapshot_at_epoch_end(self, result) -> None:
-        """Checkpoints triggered while this epoch ran complete now, at its end, not one
-        epoch later: the state after it is already durable (its change logs were written
-        before it committed), so nothing is left to do on the executors. Savepoints wait
-        for the next epoch, which copies their files."""
-        late = self.gateway.take_barriers(lambda b: not b.properties.savepoint)
-        for older in late[:-1]:
-            self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
-        if not late:
-            return
-        checkpoint_id = late[-1].checkpoint_id
-        errors = {step: {i: "OSError: injected fault: synchronous snapshot part"
-                         for i in self.faults.sync_failures(checkpoint_id, self.step_participants(step))}
-                  for step in self.operators}
-        self._snapshot(checkpoint_id, result.with_sync_errors(errors))
+        self.snapshotter.ack_barriers(barriers, result)
 
     def _finish(self) -> None:
         """End of a bounded input: fire everything (final watermark), then take a last
@@ -841,34 +835,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         commit of the restored checkpoint) and the restart strategy decides from there.
         The source's completion hook (offsets to the broker, dead letters published) runs
         again here, where a failure is not ignored. False if the job was cancelled first."""
-        self.gateway.drain_commits()
-        latest = self.coordinator.completed_store.latest()
-        checkpoint_id = latest.checkpoint_id if latest is not None else None
-        error: BaseException | None = None
-        for attempt, pause in enumerate((0.0, *self.FINAL_COMMIT_BACKOFF_S)):
-            if attempt:
-                log.warning("job %s: the commit of the final checkpoint %s failed (%s); retry %d of %d in %.1f s",
-                            self.job_name, checkpoint_id, _summary(error), attempt,
-                            len(self.FINAL_COMMIT_BACKOFF_S), pause)
-                if self._stop.wait(pause):
-                    return False
-            try:
-                failed = self.gateway.failed_commit()
-                if failed is not None:
-                    checkpoint_id = failed[0]
-                    if attempt == 0:
-                        raise failed[2]  # the committer's own attempt
-                    self.gateway.commit_again(failed[0], failed[1])
-                for name, src in self.sources.items():
-                    handle = latest.handles.get(f"source:{name}") if latest is not None else None
-                    if handle is not None:
-                        src.notify_checkpoint_complete(latest.checkpoint_id, handle["positions"])
-                return True
-            except Exception as e:  # noqa: BLE001 - retried, then a failover
-                error = e
-        raise FailoverRequired(f"the commit of the final checkpoint {checkpoint_id} failed "
-                               f"{len(self.FINAL_COMMIT_BACKOFF_S) + 1} times ({_summary(error)}); its output is "
-                               f"still staged")
+        return self.committer.commit_final(self._stop, self.FINAL_COMMIT_BACKOFF_S)
 
     def _run_empty_epoch(self, final: bool = True) -> None:
         """An epoch with no input that carries a barrier; `final`: it also fires what the
