@@ -1,22 +1,21 @@
 """The driver: job status, the epoch loop, checkpoints beside it, failover.
 
 The pipeline is a graph (runtime/graph.py): named sources, plain steps, stateful steps
-and sinks. One epoch runs the whole graph once, on the main thread (`_run_one_epoch`):
-  1. take the barriers triggered since the last boundary (the coordinator's timer
-     thread injects them); the barrier sits at the END of this epoch;
-  2. plan a bounded slice of every source, and fix each stateful step's watermark;
-  3. read the slices and run the graph in Spark (runtime/graph_epoch.py), each stateful
-     step its own Spark job. On the executors each subtask brings its local RocksDB
-     store to the epoch (or rebuilds it from checkpoint storage), applies its rows in
-     one vectorized call, writes the epoch's change log to checkpoint storage and
-     stages its output through the sink's executor-side writer when a sink is all that
-     reads it. Back on the driver come small handles (change logs, snapshots, staged
-     files: Lineages), and the rows of outputs that other steps read;
-  4. every sink stages the epoch's rows; positions and event times advance;
-  5. with a barrier: every participant acks with a handle: each source's positions, the
-     event times, each sink's pre-commit, and each step's subtasks' lineages (snapshot
-     + change logs), which are already durable, so a checkpoint completes right after
-     its barrier epoch. One checkpoint covers every step, source and sink.
+and sinks. One epoch runs the whole graph once, on the main thread, in one numbered
+method, `_run_one_epoch` (docs/runtime.md walks it): barriers, plan, read and run the
+steps, sink staging, advance, acks; then the coordinator finalizes the checkpoint with
+its last ack and the committer thread publishes it.
+
+The JobMaster holds its collaborators and calls them; each gets only what it needs:
+  - `JobPosition` (runtime/position.py): epoch, source positions, event times, counts;
+  - `Snapshotter` (runtime/snapshots.py): takes the barriers, acks every participant;
+  - `CheckpointCoordinator` (checkpoint/coordinator.py): triggers, collects acks, finalizes;
+  - `Committer` (runtime/snapshots.py): what a completed checkpoint publishes and deletes;
+  - `Restorer` and `StateRestore` (runtime/restore.py): which checkpoint to resume from,
+    and every participant brought back to it;
+  - `SavepointControl` (runtime/savepoints.py): stop requests and savepoint targets;
+  - `EpochReplay` (runtime/epoch_replay.py): the epoch plan log, for sinks that cannot
+    withdraw published output.
 
 A checkpoint failure only fails that checkpoint. The job fails over (restore the
 latest completed checkpoint, rewind sources, abort uncommitted sink output) when an
@@ -64,7 +63,7 @@ from sparkpoint.runtime.failures import (
 from sparkpoint.runtime.failures import summarize as _summary
 from sparkpoint.runtime.gateway import RuntimeGateway
 from sparkpoint.runtime.restart import restart_strategy_from
-from sparkpoint.runtime.restore import RestoreSteps
+from sparkpoint.runtime.restore import Restorer, StateRestore
 from sparkpoint.runtime.participants import all_participants, sink_participant, source_participant, \
     state_participant, step_participants
 from sparkpoint.runtime.savepoints import SavepointControl, StopEpochs, StopOutcome, StopRequest, savepoint_path
@@ -101,7 +100,7 @@ class JobResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class JobMaster(RestoreSteps):
+class JobMaster:
     def __init__(self, pipeline: Pipeline, settings: Settings, spark=None):
         pipeline.validate()
         self.pipeline = pipeline
@@ -147,7 +146,6 @@ class JobMaster(RestoreSteps):
         self._signal_stop_name = ""
         self._signal_stop_failures = 0
         self.cancelled_after: str | None = None  # the failure a cancel during the restart backoff cut short
-        self._restored_external: str | None = None  # the savepoint restored, for the restore statistics
         self._requests: queue.SimpleQueue = queue.SimpleQueue()  # to the control thread; None stops it
         # Stop requests (to the epoch loop) and savepoint targets.
         self.savepoints = SavepointControl(self.job_name, settings, self.status, self._stop)
@@ -171,9 +169,7 @@ class JobMaster(RestoreSteps):
                                          for r in settings.faults)
         self.restarts = 0
         self.final_done = False
-        self.restored_from: int | None = None
-        self._restoring = False
-        self._bad_checkpoints: dict[int, str] = {}
+        self.restorer: Restorer | None = None  # with the Spark session and storage (_setup)
         self.epoch_sizer = EpochSizer(settings.epoch_target_ms) if settings.epoch_target_ms else None
         self.epoch_plans = EpochReplay(None)  # with its log once storage is open (_setup)
 
@@ -194,6 +190,11 @@ class JobMaster(RestoreSteps):
 
     def participants(self) -> list[str]:
         return all_participants(self.sources, self.sinks, self.operators, self.P)
+
+    @property
+    def restored_from(self) -> int | None:
+        """The checkpoint (or savepoint) id the job last restored; None if it started fresh."""
+        return self.restorer.restored_from if self.restorer is not None else None
 
     @property
     def stopped_with(self) -> str | None:
@@ -311,6 +312,11 @@ class JobMaster(RestoreSteps):
         url = s.checkpoint_dir if "://" in s.checkpoint_dir else os.path.abspath(s.checkpoint_dir)
         # Executors open checkpoint storage themselves (state files never pass the driver).
         self.storage_ref = StorageRef(url, self.job_name, dict(s.storage_options), tuple(s.faults))
+        state = StateRestore(self._spark, self.local_root, self.storage_ref, self.state_memory, self.lineages_of,
+                             s.max_parallelism, self.job_name, self.progress.announce)
+        self.restorer = Restorer(job_name=self.job_name, settings=s, storage=self.storage, gateway=self.gateway,
+                                 position=self.position, epoch_plans=self.epoch_plans, sources=self.sources,
+                                 sinks=self.sinks, state=state, faults=self.faults, announce=self.progress.announce)
         self.writers = {name: sink.epoch_writer() for name, sink in self.sinks.items()}
         for name, sink in self.sinks.items():
             # Sinks that stage rows durably between pre-commit and commit (Kafka) keep them
@@ -487,7 +493,7 @@ class JobMaster(RestoreSteps):
                 if self._stop.is_set() and self._fatal is not None:
                     self._fail(self._fatal)
                     raise self._fatal
-                self._note_corrupt_restore(e)
+                self.restorer.note_failure(e, self.coordinator.completed_store.all())
                 self.status.transition(JobStatus.FAILING, e)
                 failure = python_failure(e)
                 trace = self._write_failure_trace(e)
@@ -532,6 +538,23 @@ class JobMaster(RestoreSteps):
                     self.status.transition(JobStatus.CANCELED)
                     return self._result()
 
+    def _restore(self) -> None:
+        """Restore the latest completed checkpoint not known to be corrupt (runtime/restore.py).
+
+        First every checkpoint in flight settles: pending ones are aborted, and one whose
+        `_metadata` is being written finishes (and is committed) or is aborted before it,
+        so the restore sees the true latest checkpoint and no commit of a newer one can
+        land after the sink recovered to an older one (that commit would publish output the
+        restored state does not know of)."""
+        self.coordinator.suspend_and_settle(self.settings.checkpoint_timeout_ms / 1000)
+        self.gateway.abort_all_local()
+        self.gateway.wait_idle()
+        self.gateway.drain_commits()
+        self._failover_reason = None
+        self.final_done = False
+        self.coordinator.restore_latest()
+        self.restorer.restore(list(reversed(self.coordinator.completed_store.all())))
+
     def _failing_step(self, e: BaseException) -> str | None:
         text = str(e)
         named = [n for n in self.operators if n in text]
@@ -541,7 +564,7 @@ class JobMaster(RestoreSteps):
         """The job runs again on restored state: count it (sparkpoint_checkpoint_restores_total)."""
         if self.restored_from is not None:
             self.coordinator.stats.report_restored(int(self.restored_from), int(time.time() * 1000),
-                                                   external_path=self._restored_external)
+                                                   external_path=self.restorer.restored_external)
 
     def _stop_interrupted(self, failure: PythonFailure, signature: FailureSignature) -> bool:
         """A signal asked the job to stop and the attempt failed meanwhile, typically
@@ -683,7 +706,7 @@ class JobMaster(RestoreSteps):
         while not self._stop.is_set():
             if self._failover_reason:
                 raise FailoverRequired(self._failover_reason)
-            if self._restoring and self.savepoints.waiting(self._signal_stop):
+            if self.restorer.restoring and self.savepoints.waiting(self._signal_stop):
                 # Restored with a stop waiting (interrupted by the failure, or asked for
                 # meanwhile): an epoch without input brings the state subtasks up first, or
                 # they refuse the stop's checkpoint or savepoint as still restoring.
@@ -703,7 +726,7 @@ class JobMaster(RestoreSteps):
             plans = {n: src.plan(self.source_positions[n]) for n, src in self.sources.items()}
             # The first epoch after a restore runs even with no input: until it has, the
             # state participants count as restoring and every checkpoint is refused.
-            if all(p.empty for p in plans.values()) and not self.gateway.has_barrier() and not self._restoring:
+            if all(p.empty for p in plans.values()) and not self.gateway.has_barrier() and not self.restorer.restoring:
                 self.progress.maybe_report()
                 time.sleep(self.settings.idle_pause_ms / 1000)
                 continue
@@ -737,14 +760,20 @@ class JobMaster(RestoreSteps):
         return {name: plan}, planned, src.plan_size(plan)
 
     def _run_one_epoch(self, plans: dict[str, SlicePlan], final: bool) -> None:
-        """One epoch of the whole graph:
-          1. take the barriers triggered since the last boundary (this epoch carries them);
-          2. fix the plan (a replayed epoch: as first planned) and every step's watermark;
-          3. read every source's slice and run the graph (runtime/graph_epoch.py): each
+        """One epoch of the whole graph, the barrier at its end (docs/runtime.md):
+          1. barriers: take those triggered since the last boundary (`Snapshotter.take_barriers`);
+          2. plan: a replayed epoch as first planned (`EpochReplay`), else `plans` logged;
+             every step's watermark fixed (`JobPosition.step_watermarks`);
+          3. read every source's slice and run the steps (runtime/graph_epoch.py): each
              stateful step one Spark job, its state's change logs durable when it ends;
-          4. stage every sink's output for this epoch;
-          5. advance: positions, event times, counts;
-          6. with a barrier: every participant acks (runtime/snapshots.py)."""
+          4. sink staging: every sink stages this epoch's output;
+          5. advance: positions, event times, counts (`JobPosition.advance`);
+          6. acks: with a barrier, every participant acks (`Snapshotter.ack_barriers`).
+        Then 7. finalize: the last ack makes the coordinator write `_metadata`
+        (checkpoint/coordinator.py), in the thread that delivers it (with state: the
+        gateway's asynchronous lane); 8. commits: the gateway's committer thread
+        publishes the sinks' output and commits the sources' offsets
+        (`Committer.on_complete`)."""
         # 1.
         barriers = self.snapshotter.take_barriers()
         checkpoint_id = barriers.checkpoint_id
@@ -760,7 +789,7 @@ class JobMaster(RestoreSteps):
         joined = join_plans(plans)
         if replay is None:
             self.epoch_plans.record(epoch, joined, final, None if final else self.position.watermark(now_ms), now_ms)
-        self._before_first_epoch_after_restore()
+        self.restorer.before_first_epoch()
         savepoint_to = self._savepoint_target(barriers.savepoint)
 
         def make_task(node, output):
@@ -780,7 +809,7 @@ class JobMaster(RestoreSteps):
             self._worker_order[name] = step_result.worker_order
             self.late_dropped_by_step[name] += sum(int(i.get("late_dropped") or 0) for i in step_result.infos.values())
             self.lineages_of[name].on_epoch(epoch, step_result.infos)
-        self._restored_state_ready()
+        self.restorer.first_epoch_done()
         # 4. A replayed epoch's output is published already by the sinks that keep an epoch
         # plan log (its state effects are applied above); the others withdrew it on restore.
         for name, sink in self.sinks.items():
