@@ -1,22 +1,21 @@
 """The driver: job status, the epoch loop, checkpoints beside it, failover.
 
 The pipeline is a graph (runtime/graph.py): named sources, plain steps, stateful steps
-and sinks. One epoch runs the whole graph once, on the main thread (`_run_one_epoch`):
-  1. take the barriers triggered since the last boundary (the coordinator's timer
-     thread injects them); the barrier sits at the END of this epoch;
-  2. plan a bounded slice of every source, and fix each stateful step's watermark;
-  3. read the slices and run the graph in Spark (runtime/graph_epoch.py), each stateful
-     step its own Spark job. On the executors each subtask brings its local RocksDB
-     store to the epoch (or rebuilds it from checkpoint storage), applies its rows in
-     one vectorized call, writes the epoch's change log to checkpoint storage and
-     stages its output through the sink's executor-side writer when a sink is all that
-     reads it. Back on the driver come small handles (change logs, snapshots, staged
-     files: Lineages), and the rows of outputs that other steps read;
-  4. every sink stages the epoch's rows; positions and event times advance;
-  5. with a barrier: every participant acks with a handle: each source's positions, the
-     event times, each sink's pre-commit, and each step's subtasks' lineages (snapshot
-     + change logs), which are already durable, so a checkpoint completes right after
-     its barrier epoch. One checkpoint covers every step, source and sink.
+and sinks. One epoch runs the whole graph once, on the main thread, in one numbered
+method, `_run_one_epoch` (docs/runtime.md walks it): barriers, plan, read and run the
+steps, sink staging, advance, acks; then the coordinator finalizes the checkpoint with
+its last ack and the committer thread publishes it.
+
+The JobMaster holds its collaborators and calls them; each gets only what it needs:
+  - `JobPosition` (runtime/position.py): epoch, source positions, event times, counts;
+  - `Snapshotter` (runtime/snapshots.py): takes the barriers, acks every participant;
+  - `CheckpointCoordinator` (checkpoint/coordinator.py): triggers, collects acks, finalizes;
+  - `Committer` (runtime/snapshots.py): what a completed checkpoint publishes and deletes;
+  - `Restorer` and `StateRestore` (runtime/restore.py): which checkpoint to resume from,
+    and every participant brought back to it;
+  - `SavepointControl` (runtime/savepoints.py): stop requests and savepoint targets;
+  - `EpochReplay` (runtime/epoch_replay.py): the epoch plan log, for sinks that cannot
+    withdraw published output.
 
 A checkpoint failure only fails that checkpoint. The job fails over (restore the
 latest completed checkpoint, rewind sources, abort uncommitted sink output) when an
@@ -41,7 +40,6 @@ from sparkpoint.api.pipeline import Pipeline
 from sparkpoint.checkpoint import (
     CheckpointCoordinator,
     CheckpointCoordinatorConfig,
-    CheckpointFailureReason,
     ThreadScheduler,
 )
 from sparkpoint.config import Settings
@@ -53,7 +51,6 @@ from sparkpoint.runtime.epoch_replay import EpochReplay
 from sparkpoint.runtime.epoch_sizer import EpochSizer
 from sparkpoint.runtime.progress import ProgressReporter
 from sparkpoint.runtime.failures import (
-    JOB,
     FailoverRequired,
     FailureSignature,
     PythonFailure,
@@ -66,12 +63,15 @@ from sparkpoint.runtime.failures import (
 from sparkpoint.runtime.failures import summarize as _summary
 from sparkpoint.runtime.gateway import RuntimeGateway
 from sparkpoint.runtime.restart import restart_strategy_from
-from sparkpoint.runtime.restore import RestoreSteps
-from sparkpoint.runtime.savepoints import SavepointSteps, one_savepoint_at_a_time
-from sparkpoint.runtime.snapshots import SnapshotSteps
+from sparkpoint.runtime.restore import Restorer, StateRestore
+from sparkpoint.runtime.participants import all_participants, sink_participant, source_participant, \
+    state_participant, step_participants
+from sparkpoint.runtime.savepoints import SavepointControl, StopEpochs, StopOutcome, StopRequest, savepoint_path
+from sparkpoint.runtime.snapshots import Committer, Snapshotter, live_state_handles
 from sparkpoint.runtime.spark import await_executors, create_session, is_local, master_to_create, session_master
 from sparkpoint.runtime.graph import EventTimes, JobGraph
 from sparkpoint.runtime.graph_epoch import run_graph_epoch
+from sparkpoint.runtime.position import JobPosition, join_plans, split_plan
 from sparkpoint.runtime.status import JobStatus, JobStatusTracker
 from sparkpoint.runtime.executor.storage import StorageRef
 from sparkpoint.runtime.executor.state import job_local_root
@@ -79,6 +79,7 @@ from sparkpoint.runtime.executor.store_opening import EpochInput, slice_identity
 from sparkpoint.runtime.executor.subtask import EpochTask
 from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.storage_setup import open_job_storage
+from sparkpoint.redaction import mask_url
 from sparkpoint.state.memory import StateMemory
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class JobResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
+class JobMaster:
     def __init__(self, pipeline: Pipeline, settings: Settings, spark=None):
         pipeline.validate()
         self.pipeline = pipeline
@@ -145,12 +146,9 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         self._signal_stop_name = ""
         self._signal_stop_failures = 0
         self.cancelled_after: str | None = None  # the failure a cancel during the restart backoff cut short
-        self._restored_external: str | None = None  # the savepoint restored, for the restore statistics
         self._requests: queue.SimpleQueue = queue.SimpleQueue()  # to the control thread; None stops it
-        self._stop_requests: queue.SimpleQueue = queue.SimpleQueue()  # to the epoch loop (runtime/savepoints.py)
-        self.stopped_with: str | None = None  # the savepoint the job stopped with
-        self._origin: str | None = None  # the savepoint this job's state descends from
-        self._origin_path: str | None = None  # ... and where it was (execution.state-recovery.path)
+        # Stop requests (to the epoch loop) and savepoint targets.
+        self.savepoints = SavepointControl(self.job_name, settings, self.status, self._stop)
         self._failover_reason: str | None = None
         self._fatal: BaseException | None = None
         self.faults = ParticipantFaults.from_rules(settings.faults)
@@ -159,50 +157,73 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                            materialize_interval_ms=settings.materialize_interval_ms,
                            max_changelogs=settings.materialize_max_changelogs) for name in self.operators}
         self.lineages = next(iter(self.lineages_of.values()), None)
-        # progress state
-        self.epoch = -1
-        self.source_positions: dict[str, Positions] = {name: {} for name in self.sources}
-        self.event_times = EventTimes(self.graph)
-        self.records = 0  # input records, each counted once per run
-        self.replayed_records = 0  # read again by epochs re-run after a restore
-        self._highest_epoch_run = -1
+        # Where the job is: epoch, source positions, event times, record counts (runtime/position.py).
+        self.position = JobPosition(self.sources, EventTimes(self.graph))
         self.late_dropped_by_step: dict[str, int] = {name: 0 for name in self.operators}  # in this run
         # subtask per Spark task of each step, from its last epoch (stage.run_epoch)
         self._worker_order: dict[str, list[int] | None] = {name: None for name in self.operators}
         # Rehearsals that fail the executors' storage writes of a given checkpoint need its
         # barrier inside an epoch; otherwise checkpoints complete at the end of the epoch
-        # they were triggered in (`_snapshot_at_epoch_end`).
+        # they were triggered in (`Snapshotter.at_epoch_end`).
         self._ack_at_epoch_end = not any(isinstance(r, dict) and "checkpoints" in r and "participant" not in r
                                          for r in settings.faults)
         self.restarts = 0
         self.final_done = False
-        self.restored_from: int | None = None
-        self._restoring = False
-        self._previous_barrier_epoch = -1  # for the bytes a checkpoint added to storage
-        self._bad_checkpoints: dict[int, str] = {}
+        self.restorer: Restorer | None = None  # with the Spark session and storage (_setup)
         self.epoch_sizer = EpochSizer(settings.epoch_target_ms) if settings.epoch_target_ms else None
         self.epoch_plans = EpochReplay(None)  # with its log once storage is open (_setup)
 
     # ------------------------------------------------------------------ participants
     @property
     def source_participant(self) -> str:
-        return f"source:{self.source.name}"
+        return source_participant(self.source.name)
 
     @property
     def sink_participant(self) -> str:
-        return f"sink:{self.sink.name}"
+        return sink_participant(self.sink.name)
 
     def state_participant(self, subtask: int, step: str | None = None) -> str:
-        return f"state:{step or self.operator.name}/{subtask}"
+        return state_participant(step or self.operator.name, subtask)
 
     def step_participants(self, step: str) -> list[str]:
-        return [self.state_participant(i, step) for i in range(self.P)]
+        return step_participants(step, self.P)
 
     def participants(self) -> list[str]:
-        ps = [JOB, *(f"source:{n}" for n in self.sources), *(f"sink:{n}" for n in self.sinks)]
-        for step in self.operators:
-            ps += self.step_participants(step)
-        return ps
+        return all_participants(self.sources, self.sinks, self.operators, self.P)
+
+    @property
+    def restored_from(self) -> int | None:
+        """The checkpoint (or savepoint) id the job last restored; None if it started fresh."""
+        return self.restorer.restored_from if self.restorer is not None else None
+
+    @property
+    def stopped_with(self) -> str | None:
+        """The savepoint the job stopped with."""
+        return self.savepoints.stopped_with
+
+    # ------------------------------------------------------------------ position (runtime/position.py)
+    @property
+    def epoch(self) -> int:
+        """The last epoch that finished (-1: none yet)."""
+        return self.position.epoch
+
+    @property
+    def source_positions(self) -> dict[str, Positions]:
+        return self.position.source_positions
+
+    @property
+    def event_times(self) -> EventTimes:
+        return self.position.event_times
+
+    @property
+    def records(self) -> int:
+        """Input records, each counted once per run."""
+        return self.position.records
+
+    @property
+    def replayed_records(self) -> int:
+        """Input records that epochs re-run after a restore read again."""
+        return self.position.replayed_records
 
     @property
     def positions(self) -> Positions:
@@ -212,7 +233,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     @property
     def max_event_time(self) -> int | None:
         """The largest event time any watermarked stream has seen."""
-        return self.event_times.overall_max()
+        return self.position.max_event_time()
 
     @property
     def late_dropped(self) -> int:
@@ -250,7 +271,13 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             self.job_name, cfg, self.scheduler, self.storage.ids, self.storage.checkpoints, self.gateway,
             fail_job=self._on_checkpoint_failures_exceeded,
             # State files the running job still needs but no checkpoint references yet.
-            live_references=self._live_state_handles if self.operators else None)
+            live_references=(lambda: live_state_handles(self.lineages_of)) if self.operators else None)
+        # The epoch sequence's collaborators (docs/runtime.md): acks at the barrier, commits once complete.
+        self.committer = Committer(self.job_name, self.storage, self.coordinator, self.gateway, self.sources,
+                                   self.sinks, self.lineages_of, self.epoch_plans)
+        self.snapshotter = Snapshotter(self.coordinator, self.gateway, self.faults, self.position, self.epoch_plans,
+                                       self.sinks, self.lineages_of, s.storage_options,
+                                       ack_at_epoch_end=self._ack_at_epoch_end)
         if s.alarm_webhook:
             from sparkpoint.checkpoint.alarms import WebhookAlarmListener
             self.coordinator.alarms.register(WebhookAlarmListener(s.alarm_webhook))
@@ -285,6 +312,11 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         url = s.checkpoint_dir if "://" in s.checkpoint_dir else os.path.abspath(s.checkpoint_dir)
         # Executors open checkpoint storage themselves (state files never pass the driver).
         self.storage_ref = StorageRef(url, self.job_name, dict(s.storage_options), tuple(s.faults))
+        state = StateRestore(self._spark, self.local_root, self.storage_ref, self.state_memory, self.lineages_of,
+                             s.max_parallelism, self.job_name, self.progress.announce)
+        self.restorer = Restorer(job_name=self.job_name, settings=s, storage=self.storage, gateway=self.gateway,
+                                 position=self.position, epoch_plans=self.epoch_plans, sources=self.sources,
+                                 sinks=self.sinks, state=state, faults=self.faults, announce=self.progress.announce)
         self.writers = {name: sink.epoch_writer() for name, sink in self.sinks.items()}
         for name, sink in self.sinks.items():
             # Sinks that stage rows durably between pre-commit and commit (Kafka) keep them
@@ -296,8 +328,9 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         for sink in self.sinks.values():
             sink.open(self.job_name)
 
-    def _live_state_handles(self) -> list[dict]:
-        return [h for lineages in self.lineages_of.values() for h in lineages.live_handles()]
+    def _on_checkpoint_complete(self, checkpoint_id: int, data) -> None:
+        """The gateway's committer thread, once `_metadata` is durable (runtime/snapshots.py)."""
+        self.committer.on_complete(checkpoint_id, data)
 
     def _warn_settings_for_own_sessions(self) -> None:
         """spark.master and spark.conf configure a session sparkpoint creates; the one
@@ -322,6 +355,24 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                                  f"({self.settings.tolerable_failed_checkpoints}); last: {getattr(reason, 'name', reason)}")
 
     # ------------------------------------------------------------------ public
+    def trigger_savepoint(self, target: str | None = None) -> Future:
+        """Take a savepoint now, the job keeps running; the future completes with its path
+        (or URL). Its output is committed by the next checkpoint, not by it. ConfigError
+        for a target outside the checkpoint directory and the allowed targets."""
+        self.savepoints.check_target(target)
+        log.info("savepoint requested%s", f" to {mask_url(target)}" if target else "")
+        return savepoint_path(self.coordinator.trigger_savepoint(target), self.job_name)
+
+    def stop(self, savepoint: bool = True, target: str | None = None) -> Future:
+        """Stop the job with a savepoint (its path is the future's result) or, with
+        `savepoint=False`, with a last checkpoint (result None). Ends FINISHED.
+        ConfigError, before anything is queued, for a target outside the allowed places."""
+        return self.savepoints.request_stop(savepoint, target)
+
+    def stop_with_savepoint(self, target: str | None = None, *, savepoint: bool | None = None) -> Future:
+        """`stop()` as the REST API calls it: a target implies a savepoint."""
+        return self.stop(savepoint=target is not None if savepoint is None else savepoint, target=target)
+
     def cancel(self) -> None:
         self._stop.set()
 
@@ -342,10 +393,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             prev_handlers = self._install_signal_handlers()
             return self._run_with_restarts()
         except BaseException as e:
-            self._settle_stop_requests(e)
+            self.savepoints.settle(e)
             raise
         finally:
-            self._settle_stop_requests()  # before the REST server closes: callers fetch the answer
+            self.savepoints.settle()  # before the REST server closes: callers fetch the answer
             self._teardown()
             for sig, h in prev_handlers.items():
                 signal.signal(sig, h)
@@ -442,7 +493,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                 if self._stop.is_set() and self._fatal is not None:
                     self._fail(self._fatal)
                     raise self._fatal
-                self._note_corrupt_restore(e)
+                self.restorer.note_failure(e, self.coordinator.completed_store.all())
                 self.status.transition(JobStatus.FAILING, e)
                 failure = python_failure(e)
                 trace = self._write_failure_trace(e)
@@ -487,6 +538,23 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                     self.status.transition(JobStatus.CANCELED)
                     return self._result()
 
+    def _restore(self) -> None:
+        """Restore the latest completed checkpoint not known to be corrupt (runtime/restore.py).
+
+        First every checkpoint in flight settles: pending ones are aborted, and one whose
+        `_metadata` is being written finishes (and is committed) or is aborted before it,
+        so the restore sees the true latest checkpoint and no commit of a newer one can
+        land after the sink recovered to an older one (that commit would publish output the
+        restored state does not know of)."""
+        self.coordinator.suspend_and_settle(self.settings.checkpoint_timeout_ms / 1000)
+        self.gateway.abort_all_local()
+        self.gateway.wait_idle()
+        self.gateway.drain_commits()
+        self._failover_reason = None
+        self.final_done = False
+        self.coordinator.restore_latest()
+        self.restorer.restore(list(reversed(self.coordinator.completed_store.all())))
+
     def _failing_step(self, e: BaseException) -> str | None:
         text = str(e)
         named = [n for n in self.operators if n in text]
@@ -496,7 +564,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         """The job runs again on restored state: count it (sparkpoint_checkpoint_restores_total)."""
         if self.restored_from is not None:
             self.coordinator.stats.report_restored(int(self.restored_from), int(time.time() * 1000),
-                                                   external_path=self._restored_external)
+                                                   external_path=self.restorer.restored_external)
 
     def _stop_interrupted(self, failure: PythonFailure, signature: FailureSignature) -> bool:
         """A signal asked the job to stop and the attempt failed meanwhile, typically
@@ -523,20 +591,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     def _requeue_signal_stop(self) -> None:
         """The signal's stop request goes first in the queue again (a failure while it
         carried its barriers took it out)."""
-        import queue as _queue
-
-        from sparkpoint.runtime.savepoints import StopRequest
-
-        waiting = []
-        while True:
-            try:
-                waiting.append(self._stop_requests.get_nowait())
-            except _queue.Empty:
-                break
-        if not any(r.future is self._signal_stop for r in waiting):
-            waiting.insert(0, StopRequest(False, None, self._signal_stop))
-        for request in waiting:
-            self._stop_requests.put(request)
+        self.savepoints.requeue(StopRequest(False, None, self._signal_stop))
 
     def _latest_completed_id(self) -> int | None:
         try:
@@ -645,13 +700,13 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
     # ------------------------------------------------------------------ epoch loop
     def _watermark(self) -> int | None:
         """The job's watermark: the minimum over every watermarked stream (idle ones left out)."""
-        return self.event_times.job_watermark(int(time.time() * 1000))
+        return self.position.watermark(int(time.time() * 1000))
 
     def _epoch_loop(self) -> None:
         while not self._stop.is_set():
             if self._failover_reason:
                 raise FailoverRequired(self._failover_reason)
-            if self._restoring and self._stop_waiting():
+            if self.restorer.restoring and self.savepoints.waiting(self._signal_stop):
                 # Restored with a stop waiting (interrupted by the failure, or asked for
                 # meanwhile): an epoch without input brings the state subtasks up first, or
                 # they refuse the stop's checkpoint or savepoint as still restoring.
@@ -660,7 +715,8 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
                 return
             replay = self.epoch_plans.replay(self.epoch + 1)
             if replay is not None:  # published before a restore fell back: run it as first planned
-                self._run_one_epoch(self._split_plan(SlicePlan(replay.start, replay.end)), final=replay.final)
+                self._run_one_epoch(split_plan(SlicePlan(replay.start, replay.end), list(self.sources)),
+                                    final=replay.final)
                 continue
             for name, src in self.sources.items():
                 self.source_positions[name] = src.discover(self.source_positions[name])
@@ -670,7 +726,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             plans = {n: src.plan(self.source_positions[n]) for n, src in self.sources.items()}
             # The first epoch after a restore runs even with no input: until it has, the
             # state participants count as restoring and every checkpoint is refused.
-            if all(p.empty for p in plans.values()) and not self.gateway.has_barrier() and not self._restoring:
+            if all(p.empty for p in plans.values()) and not self.gateway.has_barrier() and not self.restorer.restoring:
                 self.progress.maybe_report()
                 time.sleep(self.settings.idle_pause_ms / 1000)
                 continue
@@ -679,6 +735,14 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             self._run_one_epoch(plans, final=False)
             if size is not None:
                 self.epoch_sizer.observe(size, planned, time.monotonic() - started)
+
+    def _serve_stop_request(self) -> bool:
+        """Carry out a queued stop, if any (runtime/savepoints.py). True if the job stopped."""
+        outcome = self.savepoints.serve(self.coordinator, self.progress,
+                                        StopEpochs(self._carry_barriers_until, self._commit_final))
+        if outcome is StopOutcome.STOPPED:
+            self.final_done = True
+        return outcome is not StopOutcome.KEEP_RUNNING
 
     def _sized(self, plans: dict[str, SlicePlan]):
         """The plans cut to the epoch sizer's budget; with the units planned and taken. The
@@ -695,58 +759,38 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             plan = src.shrink(plan, units)
         return {name: plan}, planned, src.plan_size(plan)
 
-    # An epoch's plan in the epoch plan log and its slice identity: one source's as it
-    # always was; several sources' as {source name: positions}.
-    def _join_plan(self, plans: dict[str, SlicePlan]) -> SlicePlan:
-        if len(plans) == 1:
-            return next(iter(plans.values()))
-        return SlicePlan({n: dict(p.start) for n, p in plans.items()}, {n: dict(p.end) for n, p in plans.items()})
-
-    def _split_plan(self, plan: SlicePlan) -> dict[str, SlicePlan]:
-        if len(self.sources) == 1:
-            return {self.source.name: plan}
-        return {n: SlicePlan(dict(plan.start.get(n, {})), dict(plan.end.get(n, {}))) for n in self.sources}
-
-    def _joined_positions(self) -> dict:
-        if len(self.sources) == 1:
-            return dict(self.positions)
-        return {n: dict(p) for n, p in self.source_positions.items()}
-
     def _run_one_epoch(self, plans: dict[str, SlicePlan], final: bool) -> None:
-        """One epoch of the whole graph:
-          1. take the barriers triggered since the last boundary (this epoch carries them);
-          2. fix the plan (a replayed epoch: as first planned) and every step's watermark;
-          3. read every source's slice and run the graph (runtime/graph_epoch.py): each
+        """One epoch of the whole graph, the barrier at its end (docs/runtime.md):
+          1. barriers: take those triggered since the last boundary (`Snapshotter.take_barriers`);
+          2. plan: a replayed epoch as first planned (`EpochReplay`), else `plans` logged;
+             every step's watermark fixed (`JobPosition.step_watermarks`);
+          3. read every source's slice and run the steps (runtime/graph_epoch.py): each
              stateful step one Spark job, its state's change logs durable when it ends;
-          4. stage every sink's output for this epoch;
-          5. advance: positions, event times, counts;
-          6. with a barrier: every participant acks (runtime/snapshots.py)."""
+          4. sink staging: every sink stages this epoch's output;
+          5. advance: positions, event times, counts (`JobPosition.advance`);
+          6. acks: with a barrier, every participant acks (`Snapshotter.ack_barriers`).
+        Then 7. finalize: the last ack makes the coordinator write `_metadata`
+        (checkpoint/coordinator.py), in the thread that delivers it (with state: the
+        gateway's asynchronous lane); 8. commits: the gateway's committer thread
+        publishes the sinks' output and commits the sources' offsets
+        (`Committer.on_complete`)."""
         # 1.
-        barriers = self.gateway.take_barriers(one_savepoint_at_a_time())
-        checkpoint_id = barriers[-1].checkpoint_id if barriers else None
-        # Several barriers between two boundaries share one snapshot; the older
-        # checkpoints are subsumed by the newest (declined as not counted). A savepoint
-        # is never subsumed: the oldest one is carried too, later ones by later epochs.
-        savepoint = next((b for b in reversed(barriers) if b.properties.savepoint), None)
-        carried = [b for b in barriers if b is savepoint or b is barriers[-1]]
-        for older in barriers:
-            if not any(older is b for b in carried):
-                self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
+        barriers = self.snapshotter.take_barriers()
+        checkpoint_id = barriers.checkpoint_id
         # 2.
-        epoch = self.epoch + 1
+        epoch = self.position.next_epoch
         replay = self.epoch_plans.replay(epoch)
         if replay is not None:  # whoever asked for an epoch here: this one is already published
-            plans, final = self._split_plan(SlicePlan(replay.start, replay.end)), replay.final
+            plans, final = split_plan(SlicePlan(replay.start, replay.end), list(self.sources)), replay.final
             now_ms = replay.processing_time_ms
         else:
             now_ms = int(time.time() * 1000)
-        watermarks = {step: None if final else self.event_times.for_step(step, now_ms) for step in self.operators}
+        watermarks = self.position.step_watermarks(self.operators, now_ms, final)
+        joined = join_plans(plans)
         if replay is None:
-            self.epoch_plans.record(epoch, self._join_plan(plans), final,
-                                    None if final else self.event_times.job_watermark(now_ms), now_ms)
-        self._before_first_epoch_after_restore()
-        joined = self._join_plan(plans)
-        savepoint_to = self._savepoint_target(savepoint)
+            self.epoch_plans.record(epoch, joined, final, None if final else self.position.watermark(now_ms), now_ms)
+        self.restorer.before_first_epoch()
+        savepoint_to = self._savepoint_target(barriers.savepoint)
 
         def make_task(node, output):
             lineages = self.lineages_of[node.name]
@@ -765,7 +809,7 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             self._worker_order[name] = step_result.worker_order
             self.late_dropped_by_step[name] += sum(int(i.get("late_dropped") or 0) for i in step_result.infos.values())
             self.lineages_of[name].on_epoch(epoch, step_result.infos)
-        self._restored_state_ready()
+        self.restorer.first_epoch_done()
         # 4. A replayed epoch's output is published already by the sinks that keep an epoch
         # plan log (its state effects are applied above); the others withdrew it on restore.
         for name, sink in self.sinks.items():
@@ -776,43 +820,10 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
             else:
                 sink.stage_epoch(epoch, result.sink_handles.get(name, []))
         # 5. The epoch is done: advance.
-        self.epoch = epoch
-        for name, plan in plans.items():
-            self.source_positions[name] = dict(plan.end)
-        records = result.input_records
-        if epoch > self._highest_epoch_run:
-            self._highest_epoch_run = epoch
-            self.records += records
-        else:  # a restore rewound the sources: this epoch's input was counted when it first ran
-            self.replayed_records += records
-        for key, (rows, max_ts) in result.event_times.items():
-            self.event_times.observe(key, rows, max_ts, now_ms)
-        if not final:
-            for step, watermark in watermarks.items():
-                self.event_times.ran(step, watermark)
-        self.progress.on_epoch(result, result.output_rows, records)
+        self.position.advance(epoch, plans, result.input_records, result.event_times, now_ms, watermarks, final)
+        self.progress.on_epoch(result, result.output_rows, result.input_records)
         # 6.
-        for barrier in carried:
-            self._snapshot(barrier.checkpoint_id, result,
-                           savepoint_url=barrier.location.url if barrier is savepoint else None)
-        if self._ack_at_epoch_end:
-            self._snapshot_at_epoch_end(result)
-
-    def _snapshot_at_epoch_end(self, result) -> None:
-        """Checkpoints triggered while this epoch ran complete now, at its end, not one
-        epoch later: the state after it is already durable (its change logs were written
-        before it committed), so nothing is left to do on the executors. Savepoints wait
-        for the next epoch, which copies their files."""
-        late = self.gateway.take_barriers(lambda b: not b.properties.savepoint)
-        for older in late[:-1]:
-            self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
-        if not late:
-            return
-        checkpoint_id = late[-1].checkpoint_id
-        errors = {step: {i: "OSError: injected fault: synchronous snapshot part"
-                         for i in self.faults.sync_failures(checkpoint_id, self.step_participants(step))}
-                  for step in self.operators}
-        self._snapshot(checkpoint_id, result.with_sync_errors(errors))
+        self.snapshotter.ack_barriers(barriers, result)
 
     def _finish(self) -> None:
         """End of a bounded input: fire everything (final watermark), then take a last
@@ -853,39 +864,12 @@ class JobMaster(RestoreSteps, SnapshotSteps, SavepointSteps):
         commit of the restored checkpoint) and the restart strategy decides from there.
         The source's completion hook (offsets to the broker, dead letters published) runs
         again here, where a failure is not ignored. False if the job was cancelled first."""
-        self.gateway.drain_commits()
-        latest = self.coordinator.completed_store.latest()
-        checkpoint_id = latest.checkpoint_id if latest is not None else None
-        error: BaseException | None = None
-        for attempt, pause in enumerate((0.0, *self.FINAL_COMMIT_BACKOFF_S)):
-            if attempt:
-                log.warning("job %s: the commit of the final checkpoint %s failed (%s); retry %d of %d in %.1f s",
-                            self.job_name, checkpoint_id, _summary(error), attempt,
-                            len(self.FINAL_COMMIT_BACKOFF_S), pause)
-                if self._stop.wait(pause):
-                    return False
-            try:
-                failed = self.gateway.failed_commit()
-                if failed is not None:
-                    checkpoint_id = failed[0]
-                    if attempt == 0:
-                        raise failed[2]  # the committer's own attempt
-                    self.gateway.commit_again(failed[0], failed[1])
-                for name, src in self.sources.items():
-                    handle = latest.handles.get(f"source:{name}") if latest is not None else None
-                    if handle is not None:
-                        src.notify_checkpoint_complete(latest.checkpoint_id, handle["positions"])
-                return True
-            except Exception as e:  # noqa: BLE001 - retried, then a failover
-                error = e
-        raise FailoverRequired(f"the commit of the final checkpoint {checkpoint_id} failed "
-                               f"{len(self.FINAL_COMMIT_BACKOFF_S) + 1} times ({_summary(error)}); its output is "
-                               f"still staged")
+        return self.committer.commit_final(self._stop, self.FINAL_COMMIT_BACKOFF_S)
 
     def _run_empty_epoch(self, final: bool = True) -> None:
         """An epoch with no input that carries a barrier; `final`: it also fires what the
         final watermark releases (end of a bounded input)."""
-        self._run_one_epoch({n: SlicePlan(dict(p), dict(p)) for n, p in self.source_positions.items()}, final=final)
+        self._run_one_epoch(self.position.empty_plans(), final=final)
 
     def _carry_barriers_until(self, done: Callable[[], bool], final: bool = True) -> bool:
         """Keep carrying barriers with empty epochs until `done()`. False if the job was

@@ -1,5 +1,5 @@
-"""Restoring a job: which checkpoint, rewinding sources, recovering the sink, and
-handing each subtask's lineage to the executors (part of JobMaster).
+"""Restoring a job (`Restorer`): which checkpoint, rewinding sources, recovering the
+sinks, and handing each subtask's lineage to the executors (`StateRestore`).
 
 The driver does no state I/O here: the restored checkpoint's lineages (snapshot +
 change logs per subtask) become the lineages of the next epoch's tasks, and each
@@ -13,70 +13,167 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any, Callable, Mapping, Sequence
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
 from sparkpoint.errors import ConfigError, CorruptCheckpointError, CorruptSnapshotError, NoValidCheckpointError
+from sparkpoint.runtime.epoch_replay import EpochReplay
 from sparkpoint.runtime.failures import JOB, python_failure
 from sparkpoint.runtime.failures import summarize as _summary
+from sparkpoint.runtime.lineages import Lineages
+from sparkpoint.runtime.participants import sink_participant, source_participant, state_by_step, \
+    step_participants
+from sparkpoint.runtime.position import JobPosition
 from sparkpoint.storage.handles import checkpoint_file_entries
 
 log = logging.getLogger("sparkpoint.runtime.jobmaster")
 
-
-def state_by_step(handles: dict) -> dict[str, dict[int, dict]]:
-    """A checkpoint's state handles by step name and subtask (participants `state:<step>/<i>`)."""
-    found: dict[str, dict[int, dict]] = {}
-    for participant, handle in handles.items():
-        if participant.startswith("state:"):
-            step, _, subtask = participant[len("state:"):].rpartition("/")
-            found.setdefault(step, {})[int(subtask)] = handle
-    return found
+__all__ = ["Restorer", "StateRestore", "state_by_step", "corrupt_restored_checkpoint"]
 
 
-class RestoreSteps:
-    """JobMaster's restore steps; they use the job's attributes (source, sink, operator,
-    lineages, storage, coordinator, gateway, settings)."""
+def corrupt_restored_checkpoint(e: BaseException, restored: CompletedCheckpointData | None) -> bool:
+    """An executor could not rebuild state from the restored checkpoint's files (missing
+    or failing verification), so that checkpoint must never be restored again. Told by
+    the exception's type (its traceback's last line), not by any word in the text: a
+    storage outage's traceback may print a source line that raises it."""
+    if restored is None or not (isinstance(e, CorruptSnapshotError)
+                                or python_failure(e).short_type == CorruptSnapshotError.__name__):
+        return False
+    text = str(e)
+    return any(entry.path in text for entry in checkpoint_file_entries(restored.handles))
 
-    def _restore(self) -> None:
-        """Pick the latest completed checkpoint not known to be corrupt, rewind sources,
-        recover the sink and take its lineages.
 
-        First every checkpoint in flight settles: pending ones are aborted, and one whose
-        `_metadata` is being written finishes (and is committed) or is aborted before it,
-        so the restore below sees the true latest checkpoint and no commit of a newer one
-        can land after the sink recovered to an older one (that commit would publish output the
-        restored state does not know of)."""
-        self.coordinator.suspend_and_settle(self.settings.checkpoint_timeout_ms / 1000)
-        self.gateway.abort_all_local()
-        self.gateway.wait_idle()
-        self.gateway.drain_commits()
-        self._failover_reason = None
-        self.final_done = False
-        self.coordinator.restore_latest()
-        completed = list(reversed(self.coordinator.completed_store.all()))
+class StateRestore:
+    """Each stateful step's state brought to a checkpoint on the executors (Spark jobs):
+    rebuilt as it was, or re-cut into another parallelism."""
+
+    def __init__(self, spark: Any, local_root: str, storage_ref: Any, state_memory: Any,
+                 lineages_of: Mapping[str, Lineages], max_parallelism: int, job_name: str,
+                 announce: Callable[[str], None]):
+        self.spark = spark
+        self.local_root = local_root
+        self.storage_ref = storage_ref  # this job's checkpoint storage, as executors open it
+        self.state_memory = state_memory
+        self.lineages_of = lineages_of
+        self.max_parallelism = max_parallelism
+        self.job_name = job_name
+        self.announce = announce
+
+    def check_max_parallelism(self, handles: dict, what: str) -> None:
+        was = {h.get("max_parallelism") for h in handles.values() if isinstance(h, dict)}
+        if was and was != {self.max_parallelism}:
+            raise ConfigError(
+                f"{what} was taken with pipeline.max-parallelism={sorted(map(str, was))[0]}, this run has "
+                f"{self.max_parallelism}: keys are spread over max-parallelism key groups, so it cannot "
+                f"change across a restore. Run with --set pipeline.max-parallelism={sorted(map(str, was))[0]}")
+
+    def redistribute(self, step: str, data: CompletedCheckpointData, old_handles: dict, source: Any,
+                     savepoint: str | None) -> None:
+        """Restore at another parallelism, or from a savepoint: the executors re-cut the
+        old subtasks' key groups into this run's subtasks and upload each new subtask's
+        state as a snapshot into this job's storage (runtime/executor/rescale.py)."""
+        from sparkpoint.runtime.executor.rescale import RescaleTask
+        from sparkpoint.runtime.stage import restore_state
+        from sparkpoint.state.changelog import Lineage
+
+        old = {i: Lineage.from_json(h) for i, h in old_handles.items()}
+        covered = sorted(g for lin in old.values() for g in range(*lin.key_groups))
+        if covered != list(range(self.max_parallelism)):
+            raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: the state of step "
+                                         f"{step} does not cover every key group")
+        lineages = self.lineages_of[step]
+        parallelism = lineages.parallelism
+        lineages.reset_empty()  # begins the restore's generation
+        epoch = int(data.handles[JOB]["epoch"])
+        task = RescaleTask(self.local_root, source, self.storage_ref, old, lineages.for_tasks(), epoch,
+                           memory=self.state_memory, generation=lineages.generation)
+        log.info("job %s re-cuts the state of %s from %d subtask(s) into %d", self.job_name, step,
+                 len(old), parallelism)
+        try:
+            infos = restore_state(self.spark, task, parallelism)
+        except CorruptSnapshotError as e:  # a storage outage is not corruption: it fails over as it is
+            raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: {e}") from e
+        lineages.restore({j: infos[j]["lineage"] for j in range(parallelism)}, generation=task.generation)
+        lineages.on_restore(infos)
+        if len(old) != parallelism:
+            self.announce(f"rescaled operator {step} from parallelism {len(old)} to {parallelism}")
+
+    def rebuild(self, step: str, checkpoint_id: int) -> None:
+        """Every subtask rebuilds the restored state on an executor from verified files,
+        BEFORE the sink recovers: a checkpoint whose files are damaged is skipped while
+        nothing has been touched yet (the sink's recovery may withdraw later output)."""
+        from sparkpoint.runtime.executor.subtask import RestoreTask
+        from sparkpoint.runtime.stage import restore_state
+
+        lineages = self.lineages_of[step]
+        task = RestoreTask(self.local_root, self.storage_ref, lineages.for_tasks(),
+                           generation=lineages.generation, memory=self.state_memory)
+        try:
+            reports = restore_state(self.spark, task, lineages.parallelism)
+        except CorruptSnapshotError as e:  # a storage outage is not corruption: it fails over as it is
+            raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {e}") from e
+        lineages.on_restore(reports)
+
+
+class Restorer:
+    """Brings the job to the latest completed checkpoint not known to be corrupt (or to a
+    savepoint, or to nothing): its position, every step's state, every source's
+    positions, every sink's staged output. Keeps what the job restored from, and whether
+    its state subtasks are still restoring (until the first epoch after it is done)."""
+
+    def __init__(self, *, job_name: str, settings: Any, storage: Any, gateway: Any, position: JobPosition,
+                 epoch_plans: EpochReplay, sources: Mapping[str, Any], sinks: Mapping[str, Any],
+                 state: StateRestore, faults: Any, announce: Callable[[str], None]):
+        self.job_name = job_name
+        self.settings = settings
+        self.storage = storage
+        self.gateway = gateway
+        self.position = position
+        self.epoch_plans = epoch_plans
+        self.sources = sources
+        self.sinks = sinks
+        self.state = state
+        self.faults = faults
+        self.announce = announce
+        self.restored_from: int | None = None
+        self.restored_external: str | None = None  # the savepoint restored, for the restore statistics
+        self.restoring = False
+        self.bad_checkpoints: dict[int, str] = {}
+
+    @property
+    def lineages_of(self) -> Mapping[str, Lineages]:
+        return self.state.lineages_of
+
+    def _step_participants(self) -> list[str]:
+        return [p for step, lin in self.lineages_of.items() for p in step_participants(step, lin.parallelism)]
+
+    def restore(self, completed: Sequence[CompletedCheckpointData]) -> None:
+        """Restore the newest of `completed` (newest first) that restores, or a savepoint
+        (execution.state-recovery.path), or start fresh. Every checkpoint in flight has
+        settled before (JobMaster._restore)."""
         if self.settings.restore_mode == "empty":
-            self._start_fresh(ignoring=len(completed))
+            self.start_fresh(completed, ignoring=len(completed))
             return
         if self.settings.recovery_path and self._restore_savepoint(completed):
             return
         for data in completed:
-            if data.checkpoint_id in self._bad_checkpoints:
+            if data.checkpoint_id in self.bad_checkpoints:
                 continue
             try:
                 self._restore_from(data)
                 return
             except CorruptCheckpointError as e:
-                self._mark_bad(data.checkpoint_id, e)
+                self.mark_bad(data.checkpoint_id, e)
         if completed:
             raise NoValidCheckpointError(
                 f"job {self.job_name} has {len(completed)} completed checkpoint(s) in {self.storage.layout.root} but none "
-                f"restores: {'; '.join(self._bad_checkpoints.values())}. Nothing was started, so nothing was "
+                f"restores: {'; '.join(self.bad_checkpoints.values())}. Nothing was started, so nothing was "
                 f"lost. Inspect them with `sparkpoint doctor {self.settings.checkpoint_dir}`; to start from empty "
                 f"state anyway, pass --set restore.mode=empty (sources replay from their start positions)")
-        self._start_fresh()
+        self.start_fresh(completed)
 
-    def _start_fresh(self, ignoring: int = 0) -> None:
-        if not self.coordinator.completed_store.all():
+    def start_fresh(self, completed: Sequence[CompletedCheckpointData], ignoring: int = 0) -> None:
+        if not completed:
             for sink in self.sinks.values():
                 committed = sink.committed_epochs()
                 if committed and self.settings.restore_mode != "empty":
@@ -88,12 +185,10 @@ class RestoreSteps:
         self.gateway.set_restoring([])
         for lineages in self.lineages_of.values():
             lineages.reset_empty()
-        self.epoch = -1
-        self.event_times.reset()
+        self.position.start_fresh(lambda name: self.sources[name].initial_positions())
         self.restored_from = None
-        self._restored_external = None
-        self._restoring = False
-        self.source_positions = {n: src.initial_positions() for n, src in self.sources.items()}
+        self.restored_external = None
+        self.restoring = False
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
         for sink in self.sinks.values():
             sink.recover(None)
@@ -104,7 +199,7 @@ class RestoreSteps:
                f"withdrawn from {where} so nothing is duplicated" if ignoring else
                "no completed checkpoint in " + self.storage.layout.root)
         log.info("job %s starts from scratch (%s)", self.job_name, why)
-        self.progress.announce(f"starting fresh: {why}")
+        self.announce(f"starting fresh: {why}")
 
     def _restore_savepoint(self, completed: list[CompletedCheckpointData]) -> bool:
         """`execution.state-recovery.path`: start from that savepoint, unless this job's
@@ -119,10 +214,11 @@ class RestoreSteps:
         from sparkpoint.storage import savepoints
 
         path = self.settings.recovery_path
-        own = [c for c in completed if c.checkpoint_id not in self._bad_checkpoints
+        own = [c for c in completed if c.checkpoint_id not in self.bad_checkpoints
                and (c.handles.get(JOB) or {}).get("origin_path") == path]
-        if own or (self._origin is not None and any((c.handles.get(JOB) or {}).get("origin") == self._origin
-                                                    for c in completed)):
+        origin = self.position.origin
+        if own or (origin is not None and any((c.handles.get(JOB) or {}).get("origin") == origin
+                                              for c in completed)):
             log.info("job %s already has checkpoints taken after starting from %s; resuming from those, "
                      "not from the savepoint", self.job_name, path)
             return False
@@ -142,8 +238,8 @@ class RestoreSteps:
         except CorruptCheckpointError as e:
             raise NoValidCheckpointError(f"cannot start job {self.job_name} from {path}: {_summary(e)}. "
                                          "Nothing was started; pass another savepoint") from e
-        self._origin = identity
-        self._origin_path = path
+        self.position.origin = identity
+        self.position.origin_path = path
         # New checkpoint ids continue after the savepoint's: sinks that remember the
         # last committed id (Kafka's commit marker) must not take new ones for old.
         self.storage.ids.set_count(max(self.storage.ids.get(), data.checkpoint_id + 1))
@@ -161,56 +257,45 @@ class RestoreSteps:
                 lineages.reset_empty(int(job["epoch"]))
                 log.info("job %s: step %s has no state in %s; it starts empty", self.job_name, name, what)
                 continue
-            self._check_max_parallelism(old, savepoint or f"checkpoint {data.checkpoint_id}")
-            if savepoint is None and sorted(old) == list(range(self.P)):
+            self.state.check_max_parallelism(old, savepoint or f"checkpoint {data.checkpoint_id}")
+            if savepoint is None and sorted(old) == list(range(lineages.parallelism)):
                 lineages.restore(old)
-                self._rebuild_state(name, data.checkpoint_id)
+                self.state.rebuild(name, data.checkpoint_id)
             else:
-                self._redistribute_state(name, data, old, source or self.storage_ref, savepoint)
-        if self.operators:
-            self.gateway.set_restoring([p for step in self.operators for p in self.step_participants(step)])
-            self._restoring = True
-        self._origin = job.get("origin")
-        self._origin_path = job.get("origin_path")
-        self._restored_external = savepoint
-        self.epoch = int(job["epoch"])
-        event_times = job.get("event_times")
-        if event_times is None and len(self.event_times.delay) == 1:  # taken before graphs: one watermark
-            event_times = {next(iter(self.event_times.delay)): job.get("max_event_time")}
-        self.event_times.reset(event_times, job.get("step_watermarks"))
+                self.state.redistribute(name, data, old, source or self.state.storage_ref, savepoint)
+        if self.lineages_of:
+            self.gateway.set_restoring(self._step_participants())
+            self.restoring = True
+        self.restored_external = savepoint
+        self.position.restore(job, {name: handles.get(source_participant(name)) for name in self.sources},
+                              lambda name: self.sources[name].initial_positions(), what)
         self.restored_from = data.checkpoint_id
-        for name, src in self.sources.items():
-            handle = handles.get(f"source:{name}")
-            if handle is None:  # a source new in the graph starts where it starts
-                log.info("job %s: source %s has no positions in %s; it starts from its initial positions",
-                         self.job_name, name, what)
-            self.source_positions[name] = dict(handle["positions"]) if handle is not None else src.initial_positions()
         self.storage.lease.check()  # a fenced run must not touch the sink's staged output
         for name, sink in self.sinks.items():
             if savepoint is not None:  # its sink handle may name files inside the savepoint
                 sink.use_savepoint(savepoint, dict(self.settings.storage_options))
-            sink.recover(handles.get(f"sink:{name}"))
+            sink.recover(handles.get(sink_participant(name)))
         # A savepoint starts a new line of epochs: what the job that took it published
         # after it is published again (docs/savepoints.md). A failover goes on with its own.
         self.epoch_plans.begin(job.get("history") if savepoint is None else None)
         published = [e for e in (s.published_epoch() for s in self.sinks.values() if s.needs_epoch_plans)
                      if e is not None]
-        planned = [s for s in self.sinks.values() if s.needs_epoch_plans] or [self.sink]
-        self.epoch_plans.prepare(self.epoch, max(published) if published else None, self._joined_positions(),
+        planned = [s for s in self.sinks.values() if s.needs_epoch_plans] or [next(iter(self.sinks.values()))]
+        self.epoch_plans.prepare(self.position.epoch, max(published) if published else None, self.position.joined(),
                                  what, ", ".join(str(s.location or s.name) for s in planned),
                                  publish_again=self.settings.unreplayable_epochs == "publish-again")
-        log.info("job %s restores %s (epoch %d)", self.job_name, what, self.epoch)
+        log.info("job %s restores %s (epoch %d)", self.job_name, what, self.position.epoch)
         taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data.completion_timestamp_ms / 1000))
         where = savepoint if savepoint else self.storage.layout.checkpoint(data.checkpoint_id)
         kind = "savepoint" if savepoint else "checkpoint"
-        self.progress.announce(f"resuming from {kind} {data.checkpoint_id} (epoch {self.epoch}, taken {taken}) "
-                               f"in {where}")
+        self.announce(f"resuming from {kind} {data.checkpoint_id} (epoch {self.position.epoch}, taken {taken}) "
+                      f"in {where}")
 
     def _check_step_identity(self, by_step: dict[str, dict], what: str) -> None:
         """A step's name is its state's identity: state in the checkpoint under a name the
         graph no longer has is a renamed or removed step. Stop before anything runs,
         unless the user chose to drop that state."""
-        unclaimed = sorted(set(by_step) - set(self.operators))
+        unclaimed = sorted(set(by_step) - set(self.lineages_of))
         if not unclaimed:
             return
         names = ", ".join(repr(n) for n in unclaimed)
@@ -223,90 +308,25 @@ class RestoreSteps:
             f"state's identity): give the step its old name back, or drop its state with "
             f"--allow-non-restored-state (execution.savepoint.ignore-unclaimed-state=true)")
 
-    def _check_max_parallelism(self, handles: dict, what: str) -> None:
-        was = {h.get("max_parallelism") for h in handles.values() if isinstance(h, dict)}
-        if was and was != {self.settings.max_parallelism}:
-            raise ConfigError(
-                f"{what} was taken with pipeline.max-parallelism={sorted(map(str, was))[0]}, this run has "
-                f"{self.settings.max_parallelism}: keys are spread over max-parallelism key groups, so it cannot "
-                f"change across a restore. Run with --set pipeline.max-parallelism={sorted(map(str, was))[0]}")
-
-    def _redistribute_state(self, step: str, data: CompletedCheckpointData, old_handles: dict, source,
-                            savepoint: str | None) -> None:
-        """Restore at another parallelism, or from a savepoint: the executors re-cut the
-        old subtasks' key groups into this run's subtasks and upload each new subtask's
-        state as a snapshot into this job's storage (runtime/executor/rescale.py)."""
-        from sparkpoint.runtime.executor.rescale import RescaleTask
-        from sparkpoint.runtime.stage import restore_state
-        from sparkpoint.state.changelog import Lineage
-
-        old = {i: Lineage.from_json(h) for i, h in old_handles.items()}
-        covered = sorted(g for lin in old.values() for g in range(*lin.key_groups))
-        if covered != list(range(self.settings.max_parallelism)):
-            raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: the state of step "
-                                         f"{step} does not cover every key group")
-        lineages = self.lineages_of[step]
-        lineages.reset_empty()  # begins the restore's generation
-        epoch = int(data.handles[JOB]["epoch"])
-        task = RescaleTask(self.local_root, source, self.storage_ref, old, lineages.for_tasks(), epoch,
-                           memory=self.state_memory, generation=lineages.generation)
-        log.info("job %s re-cuts the state of %s from %d subtask(s) into %d", self.job_name, step,
-                 len(old), self.P)
-        try:
-            infos = restore_state(self._spark, task, self.P)
-        except CorruptSnapshotError as e:  # a storage outage is not corruption: it fails over as it is
-            raise CorruptCheckpointError(f"checkpoint {data.checkpoint_id}: {e}") from e
-        lineages.restore({j: infos[j]["lineage"] for j in range(self.P)}, generation=task.generation)
-        lineages.on_restore(infos)
-        if len(old) != self.P:
-            self.progress.announce(f"rescaled operator {step} from parallelism {len(old)} to {self.P}")
-
-    def _rebuild_state(self, step: str, checkpoint_id: int) -> None:
-        """Every subtask rebuilds the restored state on an executor from verified files,
-        BEFORE the sink recovers: a checkpoint whose files are damaged is skipped while
-        nothing has been touched yet (the sink's recovery may withdraw later output)."""
-        from sparkpoint.runtime.executor.subtask import RestoreTask
-        from sparkpoint.runtime.stage import restore_state
-
-        lineages = self.lineages_of[step]
-        task = RestoreTask(self.local_root, self.storage_ref, lineages.for_tasks(),
-                           generation=lineages.generation, memory=self.state_memory)
-        try:
-            reports = restore_state(self._spark, task, self.P)
-        except CorruptSnapshotError as e:  # a storage outage is not corruption: it fails over as it is
-            raise CorruptCheckpointError(f"checkpoint {checkpoint_id}: {e}") from e
-        lineages.on_restore(reports)
-
-    def _restored_state_ready(self) -> None:
+    def first_epoch_done(self) -> None:
         """The first epoch after a restore is done: every subtask holds its state."""
-        if self._restoring:
-            self._restoring = False
+        if self.restoring:
+            self.restoring = False
             self.gateway.set_restoring([])
 
-    def _before_first_epoch_after_restore(self) -> None:
-        if self._restoring:
-            for step in self.operators:
-                for participant in self.step_participants(step):
-                    self.faults.before_restore(participant)  # rehearsal: a slow restore
+    def before_first_epoch(self) -> None:
+        if self.restoring:
+            for participant in self._step_participants():
+                self.faults.before_restore(participant)  # rehearsal: a slow restore
 
-    def _mark_bad(self, checkpoint_id: int, e: BaseException) -> None:
-        self._bad_checkpoints[checkpoint_id] = f"chk-{checkpoint_id}: {_summary(e)}"
+    def mark_bad(self, checkpoint_id: int, e: BaseException) -> None:
+        self.bad_checkpoints[checkpoint_id] = f"chk-{checkpoint_id}: {_summary(e)}"
         log.error("ALARM checkpoint %s of job %s is corrupt and is skipped; falling back to an older retained "
                   "checkpoint. %s", checkpoint_id, self.job_name, _summary(e))
 
-    def _note_corrupt_restore(self, e: BaseException) -> None:
-        """An executor could not rebuild state from the restored checkpoint's files
-        (missing or failing verification): never restore that checkpoint again."""
-        cid = self.restored_from
-        # By the exception's type (its traceback's last line), not by any word in the
-        # text: a storage outage's traceback may print a source line that raises it.
-        if cid is None or not (isinstance(e, CorruptSnapshotError)
-                               or python_failure(e).short_type == CorruptSnapshotError.__name__):
-            return
-        text = str(e)
-        data = next((c for c in self.coordinator.completed_store.all() if c.checkpoint_id == cid), None)
-        if data is None:
-            return
-        if any(entry.path in text for entry in checkpoint_file_entries(data.handles)):
-            self._mark_bad(cid, e)
-
+    def note_failure(self, e: BaseException, completed: Sequence[CompletedCheckpointData]) -> None:
+        """An epoch (or a restore) failed with `e`: a checkpoint whose files the executors
+        could not rebuild state from is never restored again (`corrupt_restored_checkpoint`)."""
+        restored = next((c for c in completed if c.checkpoint_id == self.restored_from), None)
+        if corrupt_restored_checkpoint(e, restored):
+            self.mark_bad(restored.checkpoint_id, e)

@@ -1,4 +1,4 @@
-"""Savepoints and stopping a job (part of JobMaster).
+"""Savepoints and stopping a job (`SavepointControl`, held by the JobMaster).
 
 - `trigger_savepoint(target)`: a forced checkpoint whose barrier epoch also copies each
   subtask's state files into the savepoint directory (on the executors), then
@@ -16,14 +16,15 @@ Both are asked from any thread (REST handlers, the control thread) and run on th
 main thread, which owns the epoch loop: a request is only queued here. A stop is never
 dropped: one whose epoch fails goes back to the head of the queue and is carried out
 after the restore (an empty epoch first brings the restored state up), and one the job
-ends before is answered with how it ended (`_settle_stop_requests`).
+ends before is answered with how it ended (`SavepointControl.settle`).
 
 A savepoint copies all of the job's state, so a target must lie below the checkpoint
 directory or below one of `execution.checkpointing.savepoint.allowed-targets`
 (`check_target`): a request cannot send the state to an http:// URL or another disk.
-Every way to ask goes through the one check in `trigger_savepoint` and `stop`: the REST
-API (hence the CLI) and Python code alike, which may be a notebook or an operator's
-script rather than the pipeline's author."""
+Every way to ask goes through the one check (`SavepointControl.check_target`) in the
+JobMaster's `trigger_savepoint` and `stop`: the REST API (hence the CLI) and Python code
+alike, which may be a notebook or an operator's script rather than the pipeline's
+author."""
 
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ import logging
 import os
 import posixpath
 import queue
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable
+from enum import Enum
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
@@ -41,6 +44,7 @@ from sparkpoint.errors import ConfigError
 from sparkpoint.redaction import mask_url
 from sparkpoint.runtime.gateway import Barrier
 from sparkpoint.runtime.failures import summarize as _summary
+from sparkpoint.runtime.status import JobStatus, JobStatusTracker
 
 log = logging.getLogger("sparkpoint.runtime.jobmaster")
 
@@ -102,111 +106,115 @@ def check_target(target: str, checkpoint_dir: str, allowed: list[str]) -> None:
         f"execution.checkpointing.savepoint.allowed-targets ({', '.join(map(mask_url, allowed)) or 'none set'})")
 
 
-class SavepointSteps:
-    """JobMaster's savepoint and stop steps; they use the job's attributes (coordinator,
-    gateway, settings, progress, _stop_requests)."""
+class StopOutcome(Enum):
+    """What serving the stop queue came to."""
+    KEEP_RUNNING = "keep running"  # nothing was asked, or the stop's savepoint failed: the job runs on
+    CANCELLED = "cancelled"  # the job was cancelled while the stop carried its barriers
+    STOPPED = "stopped"  # stopped: the savepoint or last checkpoint is taken and its output committed
 
-    # ------------------------------------------------------------------ public
-    def trigger_savepoint(self, target: str | None = None) -> Future:
-        """Take a savepoint now, the job keeps running; the future completes with its path
-        (or URL). Its output is committed by the next checkpoint, not by it. ConfigError
-        for a target outside the checkpoint directory and the allowed targets."""
-        self._check_savepoint_target(target)
-        log.info("savepoint requested%s", f" to {mask_url(target)}" if target else "")
-        return self._savepoint_path(self.coordinator.trigger_savepoint(target))
 
-    def _trigger_final_savepoint(self, target: str | None) -> Future:
-        """The savepoint the job stops with: its completion commits the output."""
-        log.info("stop with savepoint requested%s", f" to {mask_url(target)}" if target else "")
-        return self._savepoint_path(self.coordinator.trigger_savepoint(target, terminate=True))
+@dataclass(frozen=True)
+class StopEpochs:
+    """What carrying out a stop needs of the epoch loop (the JobMaster's)."""
+    # Run empty epochs carrying barriers until done(); False if the job was cancelled first.
+    carry_barriers_until: Callable[..., bool]
+    # Commit the final checkpoint's output (retried); False if the job was cancelled first.
+    commit_final: Callable[[], bool]
 
-    def stop(self, savepoint: bool = True, target: str | None = None) -> Future:
-        """Stop the job with a savepoint (its path is the future's result) or, with
-        `savepoint=False`, with a last checkpoint (result None). Ends FINISHED.
-        ConfigError, before anything is queued, for a target outside the allowed places."""
-        if savepoint:
-            self._check_savepoint_target(target)
-        fut: Future = Future()
-        self._stop_requests.put(StopRequest(savepoint, target, fut))
-        return fut
 
-    def stop_with_savepoint(self, target: str | None = None, *, savepoint: bool | None = None) -> Future:
-        """`stop()` as the REST API calls it: a target implies a savepoint."""
-        return self.stop(savepoint=target is not None if savepoint is None else savepoint, target=target)
+def savepoint_path(fut: Future, job_name: str) -> Future:
+    """A future of the savepoint's path (or URL) from the coordinator's future of its metadata."""
+    out: Future = Future()
 
-    def _check_savepoint_target(self, target: str | None) -> None:
+    def done(f: Future) -> None:
+        error = f.exception()
+        if error is not None:
+            out.set_exception(error)
+            return
+        data = f.result()
+        url = (data.handles.get("job") or {}).get("savepoint")
+        log.info("savepoint %d of job %s completed: %s", data.checkpoint_id, job_name, url)
+        out.set_result(url)
+
+    fut.add_done_callback(done)
+    return out
+
+
+class SavepointControl:
+    """Stop requests and savepoint targets. Requests come from any thread; `serve` runs
+    on the main thread, between epochs."""
+
+    def __init__(self, job_name: str, settings: Any, status: JobStatusTracker, stopped: threading.Event):
+        self.job_name = job_name
+        self.settings = settings
+        self.status = status
+        self.stopped = stopped  # set once the job must stop acting (cancelled, or over)
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.stopped_with: str | None = None  # the savepoint the job stopped with
+
+    # ------------------------------------------------------------------ any thread
+    def check_target(self, target: str | None) -> None:
         """ConfigError (one line naming the allowed places) unless `target` is one; None
         is the job's own savepoint directory."""
         if target is not None:
             check_target(target, self.settings.checkpoint_dir, self.settings.savepoint_allowed_targets)
 
+    def request_stop(self, savepoint: bool, target: str | None) -> Future:
+        """Queue a stop; ConfigError, before anything is queued, for a target outside the allowed places."""
+        if savepoint:
+            self.check_target(target)
+        fut: Future = Future()
+        self.requests.put(StopRequest(savepoint, target, fut))
+        return fut
+
     # ------------------------------------------------------------------ main thread
-    def _savepoint_path(self, fut: Future) -> Future:
-        out: Future = Future()
+    def waiting(self, signal_stop: Future | None = None) -> bool:
+        """A stop is asked for and not carried out yet."""
+        return not self.requests.empty() or (signal_stop is not None and not signal_stop.done())
 
-        def done(f: Future) -> None:
-            error = f.exception()
-            if error is not None:
-                out.set_exception(error)
-                return
-            data = f.result()
-            url = (data.handles.get("job") or {}).get("savepoint")
-            log.info("savepoint %d of job %s completed: %s", data.checkpoint_id, self.job_name, url)
-            out.set_result(url)
-
-        fut.add_done_callback(done)
-        return out
-
-    def _serve_stop_request(self) -> bool:
-        """Runs a queued stop request, if any. True if the job stopped.
+    def serve(self, coordinator: Any, progress: Any, epochs: StopEpochs) -> StopOutcome:
+        """Runs a queued stop request, if any.
 
         If an epoch fails while the stop carries its barriers, the failure propagates
         (the job fails over) and the request goes back to the head of the queue: the
         stop is still asked for, and is carried out after the restore."""
         try:
-            request: StopRequest = self._stop_requests.get_nowait()
+            request: StopRequest = self.requests.get_nowait()
         except queue.Empty:
-            return False
+            return StopOutcome.KEEP_RUNNING
         try:
-            return self._carry_out_stop(request)
+            return self._carry_out(request, coordinator, progress, epochs)
         except BaseException:
             if not request.future.done():
-                self._requeue_stop(request)
+                self.requeue(request)
             raise
 
-    def _stop_waiting(self) -> bool:
-        """A stop is asked for and not carried out yet."""
-        signal_stop = getattr(self, "_signal_stop", None)
-        return not self._stop_requests.empty() or (signal_stop is not None and not signal_stop.done())
-
-    def _requeue_stop(self, request: StopRequest) -> None:
+    def requeue(self, request: StopRequest) -> None:
         """`request` first in the queue again (unless it is there), the others after it."""
         waiting = []
         while True:
             try:
-                waiting.append(self._stop_requests.get_nowait())
+                waiting.append(self.requests.get_nowait())
             except queue.Empty:
                 break
         if not any(r.future is request.future for r in waiting):
             waiting.insert(0, request)
         for r in waiting:
-            self._stop_requests.put(r)
+            self.requests.put(r)
 
-    def _settle_stop_requests(self, error: BaseException | None = None) -> None:
+    def settle(self, error: BaseException | None = None) -> None:
         """The job is over: every stop asked for and not carried out gets its answer, never
         silence (a REST caller polls its operation until it has one). A stop without a
         savepoint is done when the job FINISHED (its final checkpoint committed the
         output); anything else fails, saying how the job ended. `error`: what ended it."""
-        from sparkpoint.runtime.status import JobStatus
-
         status = self.status.status
         why = f": {_summary(error)}" if error is not None else ""
         # Nothing acts on a stop any more (a signal's stop that fails here would otherwise
         # log that it cancels the job, which has already ended).
-        self._stop.set()
+        self.stopped.set()
         while True:
             try:
-                request: StopRequest = self._stop_requests.get_nowait()
+                request: StopRequest = self.requests.get_nowait()
             except queue.Empty:
                 return
             if request.future.done():
@@ -222,33 +230,35 @@ class SavepointSteps:
                 line = f"job {self.job_name} ended {status.value} before it could stop with {what}{why}"
             request.future.set_exception(RuntimeError(line))
 
-    def _carry_out_stop(self, request: StopRequest) -> bool:
+    def _carry_out(self, request: StopRequest, coordinator: Any, progress: Any, epochs: StopEpochs) -> StopOutcome:
         what = "a savepoint" if request.savepoint else "a last checkpoint"
-        self.progress.announce(f"stopping with {what}: sources read nothing more")
-        self.coordinator.stop_scheduler()
-        fut = (self._trigger_final_savepoint(request.target) if request.savepoint
-               else self.coordinator.trigger_checkpoint(forced=True))
-        if not self._carry_barriers_until(fut.done, final=False):
+        progress.announce(f"stopping with {what}: sources read nothing more")
+        coordinator.stop_scheduler()
+        if request.savepoint:  # the savepoint the job stops with: its completion commits the output
+            log.info("stop with savepoint requested%s", f" to {mask_url(request.target)}" if request.target else "")
+            fut = savepoint_path(coordinator.trigger_savepoint(request.target, terminate=True), self.job_name)
+        else:
+            fut = coordinator.trigger_checkpoint(forced=True)
+        if not epochs.carry_barriers_until(fut.done, final=False):
             request.future.set_exception(RuntimeError("the job was cancelled before the stop completed"))
-            return True
+            return StopOutcome.CANCELLED
         error = fut.exception()
         if error is not None:
             log.warning("stop of job %s with %s failed: %s; the job keeps running", self.job_name, what,
                         _summary(error))
             if self.settings.checkpointing_enabled:
-                self.coordinator.start_scheduler()
+                coordinator.start_scheduler()
             else:
-                self.coordinator.resume()
+                coordinator.resume()
             request.future.set_exception(error)
-            return False
+            return StopOutcome.KEEP_RUNNING
         # Its output is committed before the job ends (retried; a failover if it cannot be).
-        if not self._commit_final():
+        if not epochs.commit_final():
             request.future.set_exception(RuntimeError("the job was cancelled before the stop's output was committed"))
-            return True
-        self.final_done = True
+            return StopOutcome.CANCELLED
         url = fut.result() if request.savepoint else None
         self.stopped_with = url
-        self.progress.announce(f"stopped with savepoint {url}" if url else
-                               "stopped with a last checkpoint; its output is committed")
+        progress.announce(f"stopped with savepoint {url}" if url else
+                          "stopped with a last checkpoint; its output is committed")
         request.future.set_result(url)
-        return True
+        return StopOutcome.STOPPED

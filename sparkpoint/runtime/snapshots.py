@@ -1,12 +1,16 @@
-"""A checkpoint's parts at the barrier and what happens once it completes (part of
-JobMaster).
+"""A checkpoint at its barrier epoch (`Snapshotter`) and once it is complete (`Committer`).
 
-At the barrier epoch every participant's part is small: the job's epoch and
-watermark, the sources' positions, the sink's pre-commit handle, and each
-subtask's lineage (snapshot + change logs) that the executors already made
-durable while the epoch ran. The state participants still ack through the
-gateway's asynchronous lane, so an abort, a late ack or a rehearsed fault behaves
-as for any asynchronous snapshot part."""
+At the barrier epoch every participant's part is small: the job's position
+(runtime/position.py), the sources' positions, each sink's pre-commit handle, and each
+subtask's lineage (snapshot + change logs) that the executors already made durable
+while the epoch ran. The state participants still ack through the gateway's
+asynchronous lane, so an abort, a late ack or a rehearsed fault behaves as for any
+asynchronous snapshot part.
+
+Once the coordinator has written `_metadata` (finalize), the gateway's committer thread
+calls `Committer.on_complete`: sinks publish, state files no checkpoint needs any more
+are deleted, sources commit their offsets. The final checkpoint's commit (end of input,
+a stop) is `Committer.commit_final`, retried before the job may say FINISHED."""
 
 from __future__ import annotations
 
@@ -14,41 +18,112 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from sparkpoint.checkpoint import CheckpointFailureReason
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
 from sparkpoint.errors import SnapshotCancelled, StorageError
-from sparkpoint.runtime.failures import JOB
+from sparkpoint.runtime.epoch_replay import EpochReplay
+from sparkpoint.runtime.failures import JOB, FailoverRequired
 from sparkpoint.runtime.failures import summarize as _summary
+from sparkpoint.runtime.gateway import Barrier, RuntimeGateway
+from sparkpoint.runtime.lineages import Lineages
+from sparkpoint.runtime.participants import sink_participant, source_participant, state_participant, \
+    step_participants
+from sparkpoint.runtime.position import JobPosition
+from sparkpoint.runtime.savepoints import one_savepoint_at_a_time
 from sparkpoint.storage.handles import referenced_paths
 
 log = logging.getLogger("sparkpoint.runtime.jobmaster")
 
 
-class SnapshotSteps:
-    """JobMaster's snapshot steps; they use the job's attributes (coordinator, gateway,
-    lineages, faults, operator, sink, source)."""
+@dataclass(frozen=True)
+class Barriers:
+    """The barriers one epoch carries: the newest checkpoint's, and a savepoint's."""
+    carried: tuple[Barrier, ...] = ()
+    savepoint: Barrier | None = None
 
-    def _snapshot(self, checkpoint_id: int, result, savepoint_url: str | None = None) -> None:
+    @property
+    def checkpoint_id(self) -> int | None:
+        """The newest: the executors' synchronous part (and its rehearsed faults) is for it."""
+        return self.carried[-1].checkpoint_id if self.carried else None
+
+
+class Snapshotter:
+    """Every participant of a checkpoint acks (or declines) at its barrier epoch."""
+
+    def __init__(self, coordinator: Any, gateway: RuntimeGateway, faults: Any, position: JobPosition,
+                 epoch_plans: EpochReplay, sinks: Mapping[str, Any], lineages_of: Mapping[str, Lineages],
+                 storage_options: Mapping[str, Any], *, ack_at_epoch_end: bool = True):
+        self.coordinator = coordinator
+        self.gateway = gateway
+        self.faults = faults
+        self.position = position
+        self.epoch_plans = epoch_plans
+        self.sinks = sinks
+        self.lineages_of = lineages_of
+        self.storage_options = dict(storage_options)
+        # Rehearsals that fail the executors' storage writes of a given checkpoint need its
+        # barrier inside an epoch; otherwise checkpoints complete at the end of the epoch
+        # they were triggered in (`at_epoch_end`).
+        self.ack_at_epoch_end = ack_at_epoch_end
+        self.previous_barrier_epoch = -1  # for the bytes a checkpoint added to storage
+
+    # -- before the epoch ----------------------------------------------------------------
+    def take_barriers(self) -> Barriers:
+        """The barriers triggered since the last boundary; this epoch carries them.
+        Several between two boundaries share one snapshot: the older checkpoints are
+        subsumed by the newest (declined as not counted). A savepoint is never subsumed:
+        the oldest one is carried too, later ones by later epochs."""
+        barriers = self.gateway.take_barriers(one_savepoint_at_a_time())
+        if not barriers:
+            return Barriers()
+        savepoint = next((b for b in reversed(barriers) if b.properties.savepoint), None)
+        carried = tuple(b for b in barriers if b is savepoint or b is barriers[-1])
+        for older in barriers:
+            if not any(older is b for b in carried):
+                self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
+        return Barriers(carried, savepoint)
+
+    # -- after the epoch -----------------------------------------------------------------
+    def ack_barriers(self, barriers: Barriers, result: Any) -> None:
+        """The epoch that carried `barriers` is done: ack them, then the checkpoints
+        triggered while it ran (`at_epoch_end`)."""
+        for barrier in barriers.carried:
+            self.ack(barrier.checkpoint_id, result,
+                     savepoint_url=barrier.location.url if barrier is barriers.savepoint else None)
+        if self.ack_at_epoch_end:
+            self.at_epoch_end(result)
+
+    def at_epoch_end(self, result: Any) -> None:
+        """Checkpoints triggered while this epoch ran complete now, at its end, not one
+        epoch later: the state after it is already durable (its change logs were written
+        before it committed), so nothing is left to do on the executors. Savepoints wait
+        for the next epoch, which copies their files."""
+        late = self.gateway.take_barriers(lambda b: not b.properties.savepoint)
+        for older in late[:-1]:
+            self.coordinator.decline(older.checkpoint_id, JOB, CheckpointFailureReason.SUBSUMED, None)
+        if not late:
+            return
+        checkpoint_id = late[-1].checkpoint_id
+        errors = {step: {i: "OSError: injected fault: synchronous snapshot part"
+                         for i in self.faults.sync_failures(checkpoint_id,
+                                                            step_participants(step, lineages.parallelism))}
+                  for step, lineages in self.lineages_of.items()}
+        self.ack(checkpoint_id, result.with_sync_errors(errors))
+
+    def ack(self, checkpoint_id: int, result: Any, savepoint_url: str | None = None) -> None:
+        """Every participant's part of `checkpoint_id`, as of the epoch that just ended."""
         c = self.coordinator
-        job = {"epoch": self.epoch, "max_event_time": self.max_event_time, "watermark": self._watermark(),
-               # each watermarked stream's largest event time, by watermark (runtime/graph.py)
-               "event_times": dict(self.event_times.max_event_time),
-               # the watermark each step last ran under: the steps after it take it next
-               "step_watermarks": dict(self.event_times.step_marks),
-               "records": self.records, "origin": self._origin,
-               # The line of epochs this checkpoint is on: a failover to it replays that
-               # line's logged epochs (runtime/epoch_replay.py).
-               "history": self.epoch_plans.history,
-               # Where it was: a failover or rerun finds its own checkpoints without reading it.
-               "origin_path": getattr(self, "_origin_path", None)}
+        job = self.position.to_checkpoint(int(time.time() * 1000), self.epoch_plans.history)
         if savepoint_url is not None:
             job["savepoint"] = savepoint_url  # where it is: the copies' directory
         c.acknowledge(checkpoint_id, JOB, job)
-        for name, positions in self.source_positions.items():
-            c.acknowledge(checkpoint_id, f"source:{name}", {"positions": dict(positions)})
+        for name, handle in self.position.source_handles().items():
+            c.acknowledge(checkpoint_id, source_participant(name), handle)
         for name, sink in self.sinks.items():
-            participant = f"sink:{name}"
+            participant = sink_participant(name)
             try:
                 self.faults.check_sync(participant, checkpoint_id)
                 unlogged = self.epoch_plans.flush()
@@ -56,26 +131,25 @@ class SnapshotSteps:
                     raise StorageError(unlogged)
                 sink_handle = dict(sink.pre_commit(checkpoint_id))
                 if savepoint_url is not None:  # a savepoint is self-contained: the sink copies what it staged
-                    sink_handle = dict(sink.savepoint_handle(sink_handle, savepoint_url,
-                                                             dict(self.settings.storage_options)))
+                    sink_handle = dict(sink.savepoint_handle(sink_handle, savepoint_url, self.storage_options))
             except Exception as e:
                 log.warning("checkpoint %d: pre-commit of sink %s failed: %s", checkpoint_id, name, _summary(e))
                 c.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_SYNC_FAILURE, e)
             else:
                 c.acknowledge(checkpoint_id, participant, sink_handle)
-        if not self.operators:
+        if not self.lineages_of:
             return
         try:
-            for step in self.operators:
+            for step in self.lineages_of:
                 self._ack_states(checkpoint_id, step, result.steps[step], savepoint_url is not None)
         finally:
-            self._previous_barrier_epoch = self.epoch
+            self.previous_barrier_epoch = self.position.epoch
 
-    def _ack_states(self, checkpoint_id: int, step: str, result, savepoint: bool = False) -> None:
+    def _ack_states(self, checkpoint_id: int, step: str, result: Any, savepoint: bool = False) -> None:
         c = self.coordinator
         lineages = self.lineages_of[step]
-        for subtask in range(self.P):
-            participant = self.state_participant(subtask, step)
+        for subtask in range(lineages.parallelism):
+            participant = state_participant(step, subtask)
             error = result.sync_errors.get(subtask)
             if savepoint and not error:
                 info = result.infos.get(subtask) or {}
@@ -99,7 +173,7 @@ class SnapshotSteps:
 
     def _ack_state(self, checkpoint_id: int, participant: str, handle: dict) -> None:
         started = time.monotonic()
-        since_epoch = self._previous_barrier_epoch
+        since_epoch = self.previous_barrier_epoch
         cancelled = self.gateway.cancel_event(checkpoint_id)
 
         def confirm(cancel: threading.Event) -> dict:
@@ -139,11 +213,33 @@ class SnapshotSteps:
         if not self.gateway.start_async_part(checkpoint_id, confirm, done):
             log.debug("checkpoint %d already aborted; no ack for %s", checkpoint_id, participant)
 
-    def _on_checkpoint_complete(self, checkpoint_id: int, data: CompletedCheckpointData) -> None:
+
+def live_state_handles(lineages_of: Mapping[str, Lineages]) -> list[dict]:
+    """State files the running job still needs but no checkpoint references yet."""
+    return [h for lineages in lineages_of.values() for h in lineages.live_handles()]
+
+
+class Committer:
+    """What a completed checkpoint commits: the sinks' output, the sources' offsets, and
+    the deletion of state files and epoch plans no retained checkpoint needs."""
+
+    def __init__(self, job_name: str, storage: Any, coordinator: Any, gateway: RuntimeGateway,
+                 sources: Mapping[str, Any], sinks: Mapping[str, Any], lineages_of: Mapping[str, Lineages],
+                 epoch_plans: EpochReplay):
+        self.job_name = job_name
+        self.storage = storage
+        self.coordinator = coordinator
+        self.gateway = gateway
+        self.sources = sources
+        self.sinks = sinks
+        self.lineages_of = lineages_of
+        self.epoch_plans = epoch_plans
+
+    def on_complete(self, checkpoint_id: int, data: CompletedCheckpointData) -> None:
         """Runs on the committer thread, after `_metadata` is durable: publish output,
         commit source offsets."""
         for name, sink in self.sinks.items():
-            sink_handle = data.handles.get(f"sink:{name}")
+            sink_handle = data.handles.get(sink_participant(name))
             if sink_handle is not None:
                 self.storage.lease.check()  # publish only while this run may act for the job
                 sink.commit(sink_handle)
@@ -155,12 +251,47 @@ class SnapshotSteps:
             if retained:
                 self.epoch_plans.forget_through(min(retained))
         for name, source in self.sources.items():
-            src = data.handles.get(f"source:{name}")
+            src = data.handles.get(source_participant(name))
             if src is not None:
                 try:
                     source.notify_checkpoint_complete(checkpoint_id, src["positions"])
                 except Exception:
                     log.exception("source %s: post-checkpoint hook failed (ignored)", name)
+
+    def commit_final(self, stopped: threading.Event, backoff_s: Sequence[float]) -> bool:
+        """The final checkpoint (end of a bounded input, a stop) is committed before the job
+        may say FINISHED: no later checkpoint would publish its output. A failed commit is
+        retried after each pause of `backoff_s`; if it keeps failing the job fails over
+        (recovery re-runs the commit of the restored checkpoint) and the restart strategy
+        decides from there. The source's completion hook (offsets to the broker, dead
+        letters published) runs again here, where a failure is not ignored. False if the
+        job was stopped (`stopped`) first."""
+        self.gateway.drain_commits()
+        latest = self.coordinator.completed_store.latest()
+        checkpoint_id = latest.checkpoint_id if latest is not None else None
+        error: BaseException | None = None
+        for attempt, pause in enumerate((0.0, *backoff_s)):
+            if attempt:
+                log.warning("job %s: the commit of the final checkpoint %s failed (%s); retry %d of %d in %.1f s",
+                            self.job_name, checkpoint_id, _summary(error), attempt, len(backoff_s), pause)
+                if stopped.wait(pause):
+                    return False
+            try:
+                failed = self.gateway.failed_commit()
+                if failed is not None:
+                    checkpoint_id = failed[0]
+                    if attempt == 0:
+                        raise failed[2]  # the committer's own attempt
+                    self.gateway.commit_again(failed[0], failed[1])
+                for name, src in self.sources.items():
+                    handle = latest.handles.get(source_participant(name)) if latest is not None else None
+                    if handle is not None:
+                        src.notify_checkpoint_complete(latest.checkpoint_id, handle["positions"])
+                return True
+            except Exception as e:  # noqa: BLE001 - retried, then a failover
+                error = e
+        raise FailoverRequired(f"the commit of the final checkpoint {checkpoint_id} failed "
+                               f"{len(backoff_s) + 1} times ({_summary(error)}); its output is still staged")
 
     def _delete_unneeded_state(self, checkpoint_epoch: int) -> None:
         """Change logs and snapshot files that a newer snapshot replaced before any
@@ -171,7 +302,7 @@ class SnapshotSteps:
         if not candidates:
             return
         keep = referenced_paths([h for c in self.coordinator.completed_store.all() for h in c.handles.values()])
-        keep |= referenced_paths(self._live_state_handles())
+        keep |= referenced_paths(live_state_handles(self.lineages_of))
         doomed = [p for p in candidates if p not in keep]
         try:
             self.storage.lease.check()

@@ -193,7 +193,7 @@ def test_a_post_without_the_control_token_is_refused(running):
         assert status == 401 and "token" in answer["errors"][0], (status, answer)
     status, answer = _request(f"{base}/jobs/{JOB}/stop", "POST", b"{}", {"Content-Type": "application/json"})
     assert status == 401, answer
-    assert not job.status.status.terminal and job._stop_requests.empty()
+    assert not job.status.status.terminal and job.savepoints.requests.empty()
 
 
 def test_the_control_token_is_in_a_file_only_the_job_user_can_read(running):
@@ -217,7 +217,7 @@ def test_a_post_that_is_not_json_is_refused(running):
             del headers["Content-Type"]
         status, answer = _request(f"{base}/jobs/{JOB}/stop", "POST", b'{"drain": false}', headers)
         assert status == 415 and "application/json" in answer["errors"][0], (content_type, status, answer)
-    assert not job.status.status.terminal and job._stop_requests.empty()
+    assert not job.status.status.terminal and job.savepoints.requests.empty()
 
 
 def test_a_request_for_another_host_name_is_refused(running):
@@ -250,7 +250,7 @@ def test_a_savepoint_outside_the_checkpoint_storage_is_refused(running, tmp_path
             status, answer = _request(f"{base}/jobs/{JOB}/{path}", "POST", json.dumps(body).encode(), _control(job))
             assert status == 403 and "allowed-targets" in answer["errors"][0], (target, status, answer)
     assert not (tmp_path / "elsewhere").exists()
-    assert not job.status.status.terminal and job._stop_requests.empty()
+    assert not job.status.status.terminal and job.savepoints.requests.empty()
 
 
 def test_the_config_shows_no_secret(running):
@@ -312,7 +312,7 @@ document.getElementById("f2").submit();
         attacker.shutdown()
         attacker.server_close()
     time.sleep(2)  # a stop would have been queued by now; the main thread serves it within an epoch
-    assert not job.status.status.terminal and job._stop_requests.empty()
+    assert not job.status.status.terminal and job.savepoints.requests.empty()
     assert job.status.status == JobStatus.RUNNING
     assert not stolen.exists()
 

@@ -8,14 +8,12 @@ for an older one). Told apart by type, never by the words in a worker's tracebac
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from sparkpoint.errors import CorruptCheckpointError, StorageError
 from sparkpoint.runtime.executor.storage import StorageRef
 from sparkpoint.runtime.executor.subtask import RestoreTask
-from sparkpoint.runtime.restore import RestoreSteps
+from sparkpoint.runtime.restore import StateRestore
 from sparkpoint.state.memory import StateMemory
 from tests.unit.runtime.test_executor_state import Driver
 
@@ -24,9 +22,9 @@ pytestmark = pytest.mark.spark
 
 def _restore(spark, d: Driver, storage: StorageRef, executor_root) -> None:
     """The driver's restore step (the real code) with its Spark job on the shared session."""
-    driver = SimpleNamespace(local_root=str(executor_root), storage_ref=storage, lineages_of={"totals": d.lineages},
-                             _spark=spark, P=1, state_memory=StateMemory())
-    RestoreSteps._rebuild_state(driver, "totals", checkpoint_id=7)
+    state = StateRestore(spark, str(executor_root), storage, StateMemory(), {"totals": d.lineages},
+                         d.lineages.max_parallelism, "job", announce=lambda line: None)
+    state.rebuild("totals", checkpoint_id=7)
 
 
 def test_a_storage_outage_while_state_is_restored_is_a_storage_failure_not_a_corrupt_checkpoint(spark, tmp_path):

@@ -32,11 +32,17 @@ class SavepointEpochFails(ObservedJob):
 
     trip: Tripwire
 
-    def _trigger_final_savepoint(self, target):
-        if not getattr(self, "tripped", False):
-            self.tripped = True
-            self.trip.arm()
-        return super()._trigger_final_savepoint(target)
+    def _setup(self) -> None:
+        super()._setup()
+        trigger = self.coordinator.trigger_savepoint
+
+        def triggering(target=None, *, terminate=False):
+            if terminate and not getattr(self, "tripped", False):  # the savepoint the job stops with
+                self.tripped = True
+                self.trip.arm()
+            return trigger(target, terminate=terminate)
+
+        self.coordinator.trigger_savepoint = triggering
 
 
 def test_a_rest_stop_with_savepoint_whose_epoch_fails_is_carried_out_after_the_restart(spark, tmp_path, expected):

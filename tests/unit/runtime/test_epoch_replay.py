@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -164,38 +165,29 @@ def test_the_sink_part_of_a_checkpoint_is_declined_while_an_epoch_it_would_publi
         plan_log: EpochPlanLog) -> None:
     from sparkpoint.checkpoint import CheckpointFailureReason
     from sparkpoint.faults import ParticipantFaults
-    from sparkpoint.runtime.snapshots import SnapshotSteps
+    from sparkpoint.runtime.graph import EventTimes
+    from sparkpoint.runtime.position import JobPosition
+    from sparkpoint.runtime.snapshots import Snapshotter
 
-    class Job(SnapshotSteps):
-        operators: dict = {}
-        epoch, max_event_time, records, source_positions = 3, None, 0, {"events": {}}
-        _origin = _origin_path = None
-
-        class event_times:
-            max_event_time: dict = {}
-            step_marks: dict = {}
-
-        def _watermark(self) -> None:
-            return None
-
-    job = Job()
-    job.coordinator, job.sink, job.faults = RecordingCoordinator(), CountingSink(), ParticipantFaults.from_rules([])
-    job.sinks = {"kafka": job.sink}
-    job.epoch_plans = EpochReplay(plan_log)
-    job.epoch_plans.begin(None)
+    no_event_time = SimpleNamespace(watermark_keys={}, step_watermarks={}, step_upstreams={})
+    position = JobPosition(["events"], EventTimes(no_event_time))
+    coordinator, sink, epoch_plans = RecordingCoordinator(), CountingSink(), EpochReplay(plan_log)
+    snapshotter = Snapshotter(coordinator, None, ParticipantFaults.from_rules([]), position, epoch_plans,
+                              {"kafka": sink}, {}, {})
+    epoch_plans.begin(None)
     plan_log.fs.down = True
-    run_epochs(job.epoch_plans, range(0, 4))
+    run_epochs(epoch_plans, range(0, 4))
 
-    job._snapshot(7, None)
+    snapshotter.ack(7, None)
 
-    reason, error = job.coordinator.declines["sink:kafka"]
+    reason, error = coordinator.declines["sink:kafka"]
     assert reason == CheckpointFailureReason.TASK_SYNC_FAILURE
     assert "the plan of epoch 0 is not in the epoch plan log yet" in str(error)
-    assert job.sink.pre_commits == []  # its epochs stay staged for a later checkpoint
-    assert job.coordinator.acks["job"]["history"] == job.epoch_plans.history
+    assert sink.pre_commits == []  # its epochs stay staged for a later checkpoint
+    assert coordinator.acks["job"]["history"] == epoch_plans.history
 
     plan_log.fs.down = False
-    job.coordinator = RecordingCoordinator()
-    job._snapshot(8, None)
-    assert job.sink.pre_commits == [8] and "sink:kafka" not in job.coordinator.declines
+    snapshotter.coordinator = coordinator = RecordingCoordinator()
+    snapshotter.ack(8, None)
+    assert sink.pre_commits == [8] and "sink:kafka" not in coordinator.declines
     assert plan_log.epochs() == [0, 1, 2, 3]

@@ -247,13 +247,11 @@ def test_the_first_epoch_after_a_restore_uses_the_store_the_restore_built(tmp_pa
 
 def recut(d: Driver, executor_root, parallelism: int, monkeypatch) -> None:
     """The driver's restore from a savepoint or at another parallelism
-    (`RestoreSteps._redistribute_state`, the real code), its Spark job run in-process on
+    (`StateRestore.redistribute`, the real code), its Spark job run in-process on
     `executor_root`: the old subtask's state re-cut into `parallelism` new subtasks."""
-    from types import SimpleNamespace
-
     from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
     from sparkpoint.runtime import stage
-    from sparkpoint.runtime.restore import RestoreSteps
+    from sparkpoint.runtime.restore import StateRestore
     from sparkpoint.state.memory import StateMemory
 
     def in_process(spark, task, p) -> dict[int, dict]:
@@ -266,12 +264,10 @@ def recut(d: Driver, executor_root, parallelism: int, monkeypatch) -> None:
     monkeypatch.setattr(stage, "restore_state", in_process)
     old = {0: d.lineages.handle(0)[0]}
     lineages = Lineages("totals", parallelism, MAXP, materialize_interval_ms=3_600_000, max_changelogs=1000)
-    driver = SimpleNamespace(lineages_of={"totals": lineages}, local_root=str(executor_root), storage_ref=d.storage, P=parallelism,
-                             settings=SimpleNamespace(max_parallelism=MAXP), operator=op(), _spark=None,
-                             job_name="job", progress=SimpleNamespace(announce=lambda line: None),
-                             state_memory=StateMemory())
+    state = StateRestore(None, str(executor_root), d.storage, StateMemory(), {"totals": lineages}, MAXP, "job",
+                         announce=lambda line: None)
     data = CompletedCheckpointData("job", 1, 0, 0, {"job": {"epoch": d.epoch}})
-    RestoreSteps._redistribute_state(driver, "totals", data, old, d.storage, savepoint=None)
+    state.redistribute("totals", data, old, d.storage, savepoint=None)
     d.lineages, d.parallelism = lineages, parallelism
 
 

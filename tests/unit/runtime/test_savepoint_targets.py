@@ -44,7 +44,7 @@ def test_the_python_api_takes_a_savepoint_to_a_target_rest_and_the_cli_refuse(jo
         job.stop(savepoint=True, target=target)
     with pytest.raises(ConfigError, match="allowed-targets"):
         job.stop_with_savepoint(target)
-    assert job._stop_requests.empty(), "the stop was queued"
+    assert job.savepoints.requests.empty(), "the stop was queued"
     assert not (tmp_path / "elsewhere").exists()
 
 
@@ -55,4 +55,4 @@ def test_the_python_api_takes_savepoints_below_the_checkpoint_directory_or_an_al
     assert job.coordinator.savepoints == inside
     for target in inside:
         job.stop(savepoint=True, target=target)
-    assert [job._stop_requests.get_nowait().target for _ in inside] == inside
+    assert [job.savepoints.requests.get_nowait().target for _ in inside] == inside

@@ -25,24 +25,25 @@ def job(tmp_path) -> JobMaster:
 
 def _queued(job: JobMaster) -> list:
     out = []
-    while not job._stop_requests.empty():
-        out.append(job._stop_requests.get_nowait())
+    while not job.savepoints.requests.empty():
+        out.append(job.savepoints.requests.get_nowait())
     return out
 
 
 def test_a_stop_whose_barrier_epoch_fails_goes_back_to_the_head_of_the_queue(job):
     from concurrent.futures import Future
 
+    from sparkpoint.runtime.savepoints import StopEpochs
+
     def failing_epochs(done, final=True):
         raise EpochFailed("a Python worker died")
 
-    job.progress = SimpleNamespace(announce=lambda line: None)
-    job.coordinator = SimpleNamespace(stop_scheduler=lambda: None, trigger_checkpoint=lambda forced: Future())
-    job._carry_barriers_until = failing_epochs
+    progress = SimpleNamespace(announce=lambda line: None)
+    coordinator = SimpleNamespace(stop_scheduler=lambda: None, trigger_checkpoint=lambda forced: Future())
     first = job.stop(savepoint=False)
     second = job.stop(savepoint=True)
     with pytest.raises(EpochFailed):
-        job._serve_stop_request()
+        job.savepoints.serve(coordinator, progress, StopEpochs(failing_epochs, commit_final=lambda: True))
     assert not first.done(), "the interrupted stop was answered or dropped"
     assert [r.future for r in _queued(job)] == [first, second]
 
@@ -51,18 +52,18 @@ def test_a_stop_the_job_ended_before_is_answered_with_how_it_ended(job):
     job.status.transition(JobStatus.RUNNING)
     job.status.transition(JobStatus.FAILED)
     with_savepoint, without = job.stop(savepoint=True), job.stop(savepoint=False)
-    job._settle_stop_requests(RuntimeError("restart-strategy.type is none"))
+    job.savepoints.settle(RuntimeError("restart-strategy.type is none"))
     for fut, what in ((with_savepoint, "a savepoint"), (without, "a last checkpoint")):
         assert str(fut.exception(0)) == (f"job orders ended FAILED before it could stop with {what}: "
                                          "restart-strategy.type is none")
-    assert job._stop_requests.empty()
+    assert job.savepoints.requests.empty()
 
 
 def test_a_job_that_finished_first_answers_a_stop_and_refuses_a_stop_with_savepoint(job):
     job.status.transition(JobStatus.RUNNING)
     job.status.transition(JobStatus.FINISHED)
     with_savepoint, without = job.stop(savepoint=True), job.stop(savepoint=False)
-    job._settle_stop_requests()
+    job.savepoints.settle()
     assert without.result(0) is None  # stopped, and its final checkpoint committed the output
     assert "finished (its input ended) before the stop with a savepoint was taken: no savepoint" in str(
         with_savepoint.exception(0))
