@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=1, help="queries run at a time")
     parser.add_argument("--json", default=None, help="also write the results as JSON lines here")
     args = parser.parse_args(argv)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="nexmark-kill9-"))
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="nexmark-kill9-")).resolve()
     input_dir = workdir / "input"
     generate(input_dir, args)
     from sparkpoint.connectors.nexmark_io import write_side_input
