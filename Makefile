@@ -88,8 +88,7 @@ NEXMARK_KILL9_EVENTS ?= 100000
 NEXMARK_KILL9_OUT ?= nexmark-kill9-out
 nexmark-kill9: bootstrap
 	rm -rf $(NEXMARK_KILL9_OUT)
-	$(PY) scripts/nexmark_kill9.py --events $(NEXMARK_KILL9_EVENTS) --files-per-stream 20 --files-per-epoch 1 \
-		--span 20 --workdir $(NEXMARK_KILL9_OUT)
+	$(PY) scripts/nexmark_kill9.py --events $(NEXMARK_KILL9_EVENTS) --workdir $(NEXMARK_KILL9_OUT)
 
 # The docs site with the API reference from the docstrings, into site/.
 docs: bootstrap

@@ -121,12 +121,13 @@ def generate(input_dir: Path, args) -> None:
     if (input_dir / "bid").is_dir():
         return
     subprocess.run([sys.executable, "-m", "sparkpoint.ops.cli", "nexmark", "generate", "--events", str(args.events),
-                    "--out", str(input_dir), "--seed", str(args.seed), "--files-per-stream",
+                    "--out", str(input_dir), "--seed", str(args.seed), "--rate", str(args.rate), "--files-per-stream",
                     str(args.files_per_stream)], check=True)
 
 
 def render(results: list[dict], args) -> str:
-    lines = [f"kill -9 per Nexmark query: {args.events:,} events, {args.files_per_stream} files per stream, "
+    lines = [f"kill -9 per Nexmark query: {args.events:,} events at {args.rate:g}/s, "
+             f"{args.files_per_stream} files per stream, "
              f"{args.files_per_epoch} per epoch, seed {args.seed}", "",
              "| query | killed mid-run (epoch / last completed checkpoint) | restored from | rows expected | lost "
              "| duplicated | unexpected | verdict | seconds |", "|---|---|---|---|---|---|---|---|---|"]
@@ -143,11 +144,14 @@ def render(results: list[dict], args) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
-    parser.add_argument("--files-per-stream", type=int, default=40)
-    parser.add_argument("--files-per-epoch", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=1_000.0,
+                        help="events per second of event time: 1000 makes 100,000 events span 100 s, ten of "
+                             "q7's and q8's 10-second windows")
+    parser.add_argument("--files-per-stream", type=int, default=20)
+    parser.add_argument("--files-per-epoch", type=int, default=1)
     parser.add_argument("--queries", default=",".join(EXPRESSIBLE))
     parser.add_argument("--kills", type=int, default=1, help="SIGKILLs per query (each costs a Spark start)")
-    parser.add_argument("--span", type=float, default=10.0,
+    parser.add_argument("--span", type=float, default=20.0,
                         help="a kill lands 5-60%% of this many seconds after the run's first epoch")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1200.0)
