@@ -133,7 +133,8 @@ def render(results: list[dict], args) -> str:
              "| duplicated | unexpected | verdict | seconds |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         kills = ", ".join(f"epoch {k['epoch']} / chk {k['checkpoint']}" for k in r["kills"]) or "no"
-        lines.append(f"| {r['query']} | {kills} | {r['restored_from']} | {r['rows_expected']:,} | {r['lost']} "
+        expected = "-" if r["rows_expected"] is None else f"{r['rows_expected']:,}"
+        lines.append(f"| {r['query']} | {kills} | {r['restored_from']} | {expected} | {r['lost']} "
                      f"| {r['duplicated']} | {r['unexpected']} | {r['verdict']} | {r['seconds']:.0f} |")
     for r in results:
         for note in r["notes"]:
@@ -176,7 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     queries = [q.strip() for q in args.queries.split(",") if q.strip()]
 
     def one(query: str) -> dict:
-        result = run_query(query, events, args, input_dir, workdir)
+        try:
+            result = run_query(query, events, args, input_dir, workdir)
+        except Exception as e:  # noqa: BLE001 - one query's trouble is its verdict, not the others'
+            result = {"query": query, "rows_expected": None, "result_rows": None, "lost": None, "duplicated": None,
+                      "unexpected": None, "twice_in_an_epoch": 0, "kills": [], "restored_from": None,
+                      "updating": query in UPDATING, "verdict": "FAIL",
+                      "notes": [f"could not run: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"],
+                      "seconds": 0.0, "directory": str(workdir / query)}
         print(json.dumps(result), flush=True)
         if args.json:
             with open(args.json, "a") as f:
