@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                         "--files-per-stream", str(args.files_per_stream)], check=True)
     for query in [q.strip() for q in args.queries.split(",") if q.strip()]:
         run = workdir / query
+        shutil.rmtree(run, ignore_errors=True)  # else the run restores a finished job and reads nothing
         env = dict(os.environ, NEXMARK_INPUT=str(input_dir), NEXMARK_OUTPUT=str(run / "out"),
                    NEXMARK_FILES_PER_EPOCH=str(args.files_per_epoch))
         env.pop("NEXMARK_SIDE_INPUT", None)
