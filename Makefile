@@ -21,7 +21,7 @@ SPARKPOINT_OLDEST_PYTHON := $(call find_python,3.11)
 endif
 export SPARKPOINT_OLDEST_PYTHON
 
-.PHONY: demo test test-fast bootstrap check-java kafka-jars bench clean-demo docs chaos lock
+.PHONY: demo test test-fast bootstrap check-java kafka-jars bench clean-demo docs chaos nexmark-kill9 lock
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required (Spark runs on the JVM). Install a JDK 17, e.g. 'apt-get install openjdk-17-jdk-headless', or put it on PATH." >&2; exit 1; }
@@ -80,6 +80,15 @@ chaos: bootstrap kafka-jars
 		$(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_chaos_storm.py tests/e2e/test_chaos_kafka_fallback.py; rc=$$?; \
 		cat $(CHAOS_OUT)/*/chaos-report.md > $(CHAOS_OUT)/chaos-report.md 2>/dev/null; \
 		cat $(CHAOS_OUT)/chaos-report.md; exit $$rc
+
+# Every Nexmark example kill -9ed mid-run and run again to the end, its committed output
+# compared with the pandas reference on the same events (scripts/nexmark_kill9.py):
+# rows lost and duplicated per query (expected 0). NEXMARK_KILL9_EVENTS=N to change the input.
+NEXMARK_KILL9_EVENTS ?= 100000
+NEXMARK_KILL9_OUT ?= nexmark-kill9-out
+nexmark-kill9: bootstrap
+	rm -rf $(NEXMARK_KILL9_OUT)
+	$(PY) scripts/nexmark_kill9.py --events $(NEXMARK_KILL9_EVENTS) --workdir $(NEXMARK_KILL9_OUT)
 
 # The docs site with the API reference from the docstrings, into site/.
 docs: bootstrap

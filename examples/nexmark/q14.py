@@ -19,12 +19,15 @@ from decimal import Decimal
 import pandas as pd
 from pyspark.sql import functions as F
 from pyspark.sql.functions import pandas_udf
+from pyspark.sql.types import LongType
 
 from sparkpoint import Pipeline
 from sparkpoint.connectors.nexmark_io import EVENT_TIME, WATERMARK_DELAY, nexmark_input, nexmark_output
 
 
-@pandas_udf("bigint")
+# A type object, not the DDL string "bigint": parsing DDL needs a live SparkSession, and
+# `sparkpoint run` loads this file before Spark starts.
+@pandas_udf(LongType())
 def count_char(text: pd.Series, char: pd.Series) -> pd.Series:
     """How often `char`'s first character occurs in `text` (0 for a null text)."""
     return pd.Series([s.count(c[0]) if isinstance(s, str) else 0 for s, c in zip(text, char)], dtype="int64")

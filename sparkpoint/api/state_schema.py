@@ -14,8 +14,10 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from sparkpoint.api.aggregate import _KEY_SCHEMA_META, KeyedAggregate
+from sparkpoint.api.dedup import Deduplicate
 from sparkpoint.api.join import _INPUT_SCHEMA_META, LEFT_COL, RIGHT_COL, IntervalJoin, StreamJoin, WindowJoin, _Join
 from sparkpoint.api.processor import ProcessorOperator, StatefulProcessorHandle
+from sparkpoint.api.topn import _ROWS_SCHEMA, TopN
 from sparkpoint.api.window import TumblingWindow
 from sparkpoint.api.windows import CumulateWindow, SessionWindow, SlidingWindow
 from sparkpoint.api.windows.base import WindowOperator
@@ -86,6 +88,13 @@ def describe(operator: Any) -> OperatorStateSchema:
                                    size_ms=getattr(op, "size_ms", 0))
         rows = getattr(op, "_stored", None) or op._input  # known once it ran in this process
         return desc if rows is None else _with_join_rows(desc, rows)
+    if isinstance(op, Deduplicate):
+        return OperatorStateSchema(op.name, "dedup", tuple(op.key_columns), key_schema)
+    if isinstance(op, TopN):
+        # Only the schema the store's rows were written in (known once the step ran in
+        # this process), never the input's now: else it comes from the store.
+        return OperatorStateSchema(op.name, "topn", tuple(op.key_columns), key_schema,
+                                   rank_column=op.rank_column, row_schema=op._stored_schema)
     if isinstance(op, ProcessorOperator):
         handle = _RecordingHandle(op.name, op.time_mode)
         processor = op._new_processor()
@@ -94,13 +103,13 @@ def describe(operator: Any) -> OperatorStateSchema:
                                    states=tuple(handle.recorded), time_mode=op.time_mode)
     if isinstance(op, StatefulOperator):
         raise ConfigError(f"operator {getattr(op, 'name', op)!r} is a {type(op).__name__}; the state reader "
-                          "knows KeyedAggregate, the windows, the joins and ProcessorOperator")
+                          "knows KeyedAggregate, the windows, the joins, Deduplicate, TopN and ProcessorOperator")
     raise ConfigError(f"expected a stateful operator or a Pipeline, got {type(operator).__name__}")
 
 
 # Store metadata a state reader needs besides the keys (the stores are self-describing
-# there): key types for every keyed step, the row columns for a join.
-STORE_META = (_KEY_SCHEMA_META, _INPUT_SCHEMA_META)
+# there): key types for every keyed step, the row columns for a join and a top-n.
+STORE_META = (_KEY_SCHEMA_META, _INPUT_SCHEMA_META, _ROWS_SCHEMA.meta_name)
 
 
 def complete_from_store(desc: OperatorStateSchema, get_meta: Callable[[str], bytes | None]) -> OperatorStateSchema:
@@ -114,6 +123,10 @@ def complete_from_store(desc: OperatorStateSchema, get_meta: Callable[[str], byt
         raw = get_meta(_INPUT_SCHEMA_META)
         if raw is not None:
             desc = _with_join_rows(desc, pa.ipc.read_schema(pa.py_buffer(raw)))
+    if desc.type == "topn" and desc.row_schema is None:
+        raw = get_meta(_ROWS_SCHEMA.meta_name)
+        if raw is not None:
+            desc = desc.with_row_schema(pa.ipc.read_schema(pa.py_buffer(raw)))
     return desc
 
 

@@ -16,8 +16,8 @@ the pipeline) is passed, as Flink's reader takes the job's state descriptors. A
 handle that carries a recorded schema (`state_source.SCHEMA_KEY`) is read by
 operator name alone. Key column types come from the operator when it knows them,
 else from `key_schema=`, else from the store itself (each store records them): one
-small Spark task rebuilds the cheapest subtask to fetch them (and, for a join whose
-operator object has not run, the columns of its rows, which every join store records).
+small Spark task rebuilds the cheapest subtask to fetch them (and, for a join or a top-n
+whose operator object has not run, the columns of its rows, which their stores record).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from sparkpoint.storage.layout import JobLayout
 def read_state(spark, path: str, operator: Any = None, *, storage_options: Mapping[str, Any] | None = None,
                key_schema: SchemaLike | None = None):
     """The keyed state of `operator` in the checkpoint or savepoint at `path`, one row
-    per key (per key and window for a TumblingWindow).
+    per key (per key and window for a window; per held row for a join or a TopN; per
+    held key for a Deduplicate).
 
     `operator`: the stateful operator object of the job's pipeline, or the Pipeline
     (needed to know the state's schema); an operator name, or None when the checkpoint
@@ -72,7 +73,7 @@ def _read(spark, path: str, operator: Any, storage_options: Mapping[str, Any] | 
         desc = desc.with_key_schema(parse_schema(key_schema, "key_schema"))
     options = dict(storage_options or {})
     lineages = [lineage.to_json() for lineage, _ in subtasks]
-    if desc.key_schema is None or (desc.type == "join" and desc.left_schema is None):
+    if desc.needs_store_meta:
         desc = _probe_store_meta(spark, source, options, subtasks, desc)
     schema = desc.output_schema() if kind == "state" else desc.timer_schema()
     spark_schema = from_arrow_schema(schema)
@@ -110,7 +111,7 @@ def _resolve(source: StateSource, operator: Any) -> tuple[OperatorStateSchema, l
 def _probe_store_meta(spark, source: StateSource, options: dict, subtasks: list[tuple[Lineage, Mapping]],
                       desc: OperatorStateSchema) -> OperatorStateSchema:
     """`desc` completed from what every store records about itself (its key types; a
-    join's row columns), read by one small Spark task from the cheapest subtask."""
+    join's or a top-n's row columns), read by one small Spark task from the cheapest subtask."""
     started = [lin for lin, _ in subtasks if lin.epoch >= 0 or lin.base is not None]
     if not started:
         raise StateSchemaError(f"operator {desc.operator!r} in {source.what} never ran an epoch, so its key "

@@ -16,6 +16,8 @@ messages (a flatbuffer, never a pickle).
      "output_mode": "final", "aggs": [...], "value_type": ..., "allowed_lateness_ms": 0}
     {..., "type": "join", "join_kind": "interval" | "window" | "stream", "outer": ["left"],
      "size_ms": 60000 (window joins), "left_schema": "<b64>" | null, "right_schema": "<b64>" | null}
+    {..., "type": "dedup"}                                       (a Deduplicate)
+    {..., "type": "topn", "rank_column": "rank", "row_schema": "<b64>" | null}
 
 How rows look (`output_schema`): the key columns first, then
   - aggregate: the declared aggs (count BIGINT; sum/min/max in the value type, null
@@ -28,6 +30,9 @@ How rows look (`output_schema`): the key columns first, then
     emitted unmatched; null on the other side's), for a window join window_start and
     window_end (a row waits once in each window it belongs to); then `left` and `right`,
     the row as a struct of its side's columns (null on the other side's rows);
+  - dedup: release_ms, when the watermark releases the key: one row per held key;
+  - topn: the rank column (1 = first), then the row's other columns: one row per row of
+    each key's current top;
   - processor: one column per state, named after it; a schema with one field is read
     as that field's type, with several as a struct: value state -> that type (null
     where the key has none), list state -> array of it, map state -> map from the map
@@ -35,7 +40,9 @@ How rows look (`output_schema`): the key columns first, then
 Timers (`timer_schema`): the key columns, then for a processor `expiry_ms`; for a
 window `window_start`, `timer` ('fire' | 'cleanup') and `expiry_ms`; for a sliding,
 session or cumulate window `window_start`, `window_end`, `timer` and `expiry_ms`. Joins
-keep no timers: their rows are removed by the watermark (by `time_ms`).
+keep no timers: their rows are removed by the watermark (by `time_ms`); nor do a dedup
+(the watermark releases a key at its `release_ms`) and a top-n (its rows stay until
+better ones push them out).
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from sparkpoint.errors import ConfigError, StateSchemaError
 
 SCHEMA_FORMAT = "sparkpoint/state-schema"
 SCHEMA_VERSION = 1
-OperatorType = Literal["aggregate", "window", "processor", "join"]
+OperatorType = Literal["aggregate", "window", "processor", "join", "dedup", "topn"]
 WindowKind = Literal["tumbling", "sliding", "session", "cumulate"]
 JoinKind = Literal["interval", "window", "stream"]
 SIDES = ("left", "right")
@@ -127,14 +134,33 @@ class OperatorStateSchema:
     outer: tuple[str, ...] = ()
     left_schema: pa.Schema | None = None
     right_schema: pa.Schema | None = None
+    # top-n: the columns of its held rows, as the state stores them, and the rank's name
+    row_schema: pa.Schema | None = None
+    rank_column: str = "rank"
 
     @property
     def is_pane_window(self) -> bool:
         """A sliding, session or cumulate window (one record per window, a due index)."""
         return self.type == "window" and self.window_kind != "tumbling"
 
+    @property
+    def needs_store_meta(self) -> bool:
+        """What the operator object did not know must come from a store's metadata: the
+        key types, a join's or a top-n's row columns."""
+        return (self.key_schema is None or (self.type == "join" and self.left_schema is None)
+                or (self.type == "topn" and self.row_schema is None))
+
     def with_side_schemas(self, left: pa.Schema, right: pa.Schema) -> "OperatorStateSchema":
         return replace(self, left_schema=left, right_schema=right)
+
+    def with_row_schema(self, rows: pa.Schema) -> "OperatorStateSchema":
+        return replace(self, row_schema=rows)
+
+    def top_row_schema(self) -> pa.Schema:
+        if self.row_schema is None:
+            raise StateSchemaError(f"TopN {self.operator!r}: the columns of its rows are not known; its state "
+                                   "records them once it has seen rows")
+        return self.row_schema
 
     def side_schema(self, side: int) -> pa.Schema:
         found = (self.left_schema, self.right_schema)[side]
@@ -187,6 +213,11 @@ class OperatorStateSchema:
             elif self.join_kind == "window":
                 cols += [pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64())]
             cols += [pa.field(SIDES[s], pa.struct(list(self.side_schema(s)))) for s in (0, 1)]
+        elif self.type == "dedup":
+            cols = [pa.field("release_ms", pa.int64())]
+        elif self.type == "topn":
+            cols = [pa.field(self.rank_column, pa.int64()),
+                    *[f for f in self.top_row_schema() if f.name not in self.key_columns]]
         else:
             cols = [s.column() for s in self.states]
         return self._checked(keys, cols)
@@ -199,6 +230,12 @@ class OperatorStateSchema:
         if self.type == "join":
             raise ConfigError(f"join {self.operator!r} keeps no timers: a row leaves its state when the watermark "
                               "passes the end of the time it can still match in; read_state shows each row's time")
+        if self.type == "dedup":
+            raise ConfigError(f"Deduplicate {self.operator!r} keeps no timers: the watermark releases a held key when "
+                              "it reaches the key's release_ms, which read_state shows")
+        if self.type == "topn":
+            raise ConfigError(f"TopN {self.operator!r} keeps no timers: its rows stay until better ones push them out "
+                              "of the top; read them with read_state")
         if self.is_pane_window:
             cols = [pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64()),
                     pa.field("timer", pa.string()), pa.field("expiry_ms", pa.int64())]
@@ -228,7 +265,10 @@ class OperatorStateSchema:
             d.update(join_kind=self.join_kind, outer=list(self.outer), size_ms=self.size_ms,
                      left_schema=schema_to_b64(self.left_schema) if self.left_schema else None,
                      right_schema=schema_to_b64(self.right_schema) if self.right_schema else None)
-        else:
+        elif self.type == "topn":
+            d.update(rank_column=self.rank_column,
+                     row_schema=schema_to_b64(self.row_schema) if self.row_schema else None)
+        elif self.type != "dedup":
             d.update(aggs=list(self.aggs), value_type=self.value_type)
         if self.type == "window":
             d.update(size_ms=self.size_ms, allowed_lateness_ms=self.allowed_lateness_ms)
@@ -243,6 +283,7 @@ class OperatorStateSchema:
                                    f"this sparkpoint reads {SCHEMA_FORMAT!r} version {SCHEMA_VERSION}")
         try:
             ks = raw.get("key_schema")
+            rows = raw.get("row_schema")
             sides = [schema_from_b64(raw[f"{side}_schema"], f"{side} rows") if raw.get(f"{side}_schema") else None
                      for side in SIDES]
             return cls(operator=str(raw["operator"]), type=raw["type"], key_columns=tuple(raw["key_columns"]),
@@ -254,6 +295,8 @@ class OperatorStateSchema:
                        time_mode=raw.get("time_mode", "none"),
                        window_kind=raw.get("window_kind", "tumbling"), namespace=raw.get("namespace", ""),
                        output_mode=raw.get("output_mode", "final"), join_kind=raw.get("join_kind", "interval"),
-                       outer=tuple(raw.get("outer", ())), left_schema=sides[0], right_schema=sides[1])
+                       outer=tuple(raw.get("outer", ())), left_schema=sides[0], right_schema=sides[1],
+                       row_schema=schema_from_b64(rows, "top-n rows") if rows else None,
+                       rank_column=str(raw.get("rank_column", "rank")))
         except (KeyError, TypeError, ValueError) as e:
             raise StateSchemaError(f"state schema of {raw.get('operator')!r} is malformed: {e}") from None

@@ -23,13 +23,15 @@ from sparkpoint.state.keys import decode_timestamp, key_columns_from_plain
 
 # Namespaces and record layouts of the built-in operators (sparkpoint.api.aggregate,
 # sparkpoint.api.window, sparkpoint.api.windows.state, sparkpoint.api.join,
-# sparkpoint.api.processor).
+# sparkpoint.api.dedup, sparkpoint.api.topn, sparkpoint.api.processor).
 _AGG_NS, _WINDOW_NS, _FIRE_NS, _CLEANUP_NS = "agg", "win", "win-fire", "win-cleanup"
 _TIMERS_NS = "~timers"
 _DUE = "-due"  # a sliding, session or cumulate window's due index: <ns>-due
 _JOIN_NS = {"interval": "ijoin", "window": "wjoin", "stream": "sjoin"}  # rows: <ns>-left, <ns>-right
 _ROW_ID_LEN = 12  # a join row's id: <epoch: 8><position: 4>
 _MATCHED = 1  # an interval-join row's last value byte: it met a partner
+_DEDUP_NS = "dedup"  # <user key> -> the time the key is released (its index by time: dedup-release)
+_TOPN_NS = "topn"  # <user key> -> the key's top rows, in rank order, one Arrow IPC record-batch message
 
 Entries = Iterable[tuple[bytes, bytes]]
 
@@ -43,6 +45,10 @@ def read_state(entries: Entries, desc: OperatorStateSchema, batch_rows: int = 40
         return _read_records(entries, desc, _WINDOW_NS, batch_rows)
     if desc.type == "join":
         return _read_join(entries, desc, batch_rows)
+    if desc.type == "dedup":
+        return _read_dedup(entries, desc, batch_rows)
+    if desc.type == "topn":
+        return _read_topn(entries, desc, batch_rows)
     return _read_processor(entries, desc, batch_rows)
 
 
@@ -339,4 +345,63 @@ def _join_table(desc: OperatorStateSchema, schema: pa.Schema, side: int,
     other = SIDES[1 - side]
     cols[SIDES[side]] = struct
     cols[other] = pa.nulls(n, schema.field(other).type)
+    return pa.table([cols[f.name] for f in schema], schema=schema)
+
+
+# -- dedup: each held key and the time the watermark releases it ------------------------
+def _read_dedup(entries: Entries, desc: OperatorStateSchema, batch_rows: int) -> Iterator[pa.Table]:
+    schema = desc.output_schema()
+    types = [f.type for f in desc.key_fields()]
+    keys: list[tuple] = []
+    releases: list[int] = []
+    for key, value in entries:
+        if split_namespace(key)[1] != _DEDUP_NS:
+            continue  # the release index: the same keys again, ordered by time
+        keys.append(split_key(key, types).values)
+        releases.append(decode_timestamp(value))
+        if len(keys) >= batch_rows:
+            yield _dedup_table(desc, schema, keys, releases)
+            keys, releases = [], []
+    if keys:
+        yield _dedup_table(desc, schema, keys, releases)
+
+
+def _dedup_table(desc: OperatorStateSchema, schema: pa.Schema, keys: list[tuple], releases: list[int]) -> pa.Table:
+    arrays = key_columns_from_plain(keys, desc.key_fields())
+    return pa.Table.from_arrays([*arrays, pa.array(releases, pa.int64())], schema=schema)
+
+
+# -- top-n: each key's current top rows, ranked -----------------------------------------
+def _read_topn(entries: Entries, desc: OperatorStateSchema, batch_rows: int) -> Iterator[pa.Table]:
+    schema = desc.output_schema()
+    types = [f.type for f in desc.key_fields()]
+    rows = desc.top_row_schema()
+    found: list[tuple[tuple, pa.RecordBatch]] = []
+    n = 0
+    for key, value in entries:
+        if split_namespace(key)[1] != _TOPN_NS:
+            continue
+        try:
+            batch = pa.ipc.read_record_batch(pa.py_buffer(value), rows)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise StateSchemaError(f"TopN {desc.operator!r}: a key's stored rows cannot be read with the columns "
+                                   f"{rows.names} ({e})") from None
+        found.append((split_key(key, types).values, batch))
+        n += batch.num_rows
+        if n >= batch_rows:
+            yield _topn_table(desc, schema, found)
+            found, n = [], 0
+    if found:
+        yield _topn_table(desc, schema, found)
+
+
+def _topn_table(desc: OperatorStateSchema, schema: pa.Schema, found: list[tuple[tuple, pa.RecordBatch]]) -> pa.Table:
+    rows = pa.Table.from_batches([b for _, b in found], desc.top_row_schema())
+    counts = [b.num_rows for _, b in found]
+    keys = [k for (k, _), c in zip(found, counts) for _ in range(c)]
+    cols: dict[str, pa.Array] = dict(zip(desc.key_columns, key_columns_from_plain(keys, desc.key_fields())))
+    cols[desc.rank_column] = pa.array(np.concatenate([np.arange(1, c + 1) for c in counts]) if counts
+                                      else np.array([], np.int64), pa.int64())
+    for name in rows.column_names:
+        cols.setdefault(name, rows.column(name))
     return pa.table([cols[f.name] for f in schema], schema=schema)
