@@ -13,6 +13,7 @@ import shutil
 import statistics
 import time
 
+import sparkpoint.runtime.graph_epoch as graph_epoch_module
 import sparkpoint.runtime.jobmaster as jobmaster_module
 from sparkpoint.api import KeyedAggregate, TumblingWindow
 from sparkpoint.api.pipeline import Pipeline
@@ -37,7 +38,7 @@ def main() -> None:
     spark = spark_session("bench-w1-profile")
     rows: list[dict[str, float]] = []
     phases: list[dict] = []  # per subtask-epoch: where the task's time went (EpochTask.run's phase_ms)
-    real_run_epoch = jobmaster_module.run_epoch
+    real_run_epoch = graph_epoch_module.run_epoch  # each stateful step's Spark job
 
     def timed_run_epoch(*a, **kw):
         t0 = time.perf_counter()
@@ -65,8 +66,10 @@ def main() -> None:
     class ProfiledJobMaster(jobmaster_module.JobMaster):
         def _setup(self) -> None:
             super()._setup()
-            self.source.read = timed(self.source.read, "read_s")  # builds the slice's DataFrame (py4j calls)
-            self.sink.write_epoch = timed(self.sink.write_epoch, "sink_s")
+            for source in self.sources.values():
+                source.read = timed(source.read, "read_s")  # builds the slice's DataFrame (py4j calls)
+            for sink in self.sinks.values():
+                sink.write_epoch = timed(sink.write_epoch, "sink_s")
 
         def _run_one_epoch(self, plan, final: bool) -> None:
             timings.update(read_s=0.0, sink_s=0.0)
@@ -75,7 +78,7 @@ def main() -> None:
             if rows:
                 rows[-1].update(epoch_total_s=time.perf_counter() - t0, **timings)
 
-    jobmaster_module.run_epoch = timed_run_epoch
+    graph_epoch_module.run_epoch = timed_run_epoch
     root = os.path.join(args.work, "profile")
     shutil.rmtree(root, ignore_errors=True)
     if args.workload == "w1":
