@@ -106,8 +106,9 @@ def reference() -> list[tuple]:
     return rows
 
 
-def test_cluster_worker_killed_mid_run_is_exactly_once(cluster, reference, tmp_path, driver_state_view):
-    job = _cluster_job(cluster, tmp_path / "job", "cluster_b")
+def _run_killing_a_worker(cluster, job: Job, tmp_path):
+    """Run `job` to its end, killing worker 1 once two checkpoints completed; the driver's
+    process and the index of its first line after the kill."""
     proc = job.start()
     try:
         _wait_checkpoints(proc, 2)
@@ -119,6 +120,12 @@ def test_cluster_worker_killed_mid_run_is_exactly_once(cluster, reference, tmp_p
         proc.kill9()
         _save(proc, tmp_path / "driver.log")
     _finished(proc)
+    return proc, before_kill
+
+
+def test_cluster_worker_killed_mid_run_is_exactly_once(cluster, reference, tmp_path, driver_state_view):
+    job = _cluster_job(cluster, tmp_path / "job", "cluster_b")
+    proc, before_kill = _run_killing_a_worker(cluster, job, tmp_path)
     assert _completed_checkpoints(proc) >= 2, proc.text[-3000:]
     # The job went on on the remaining worker and still took checkpoints after the loss.
     assert any(re.search(COMPLETED, line) for line in proc.lines[before_kill:]), proc.text[-3000:]
@@ -267,17 +274,7 @@ def test_cluster_join_graph_with_a_worker_killed_mid_run_equals_pandas(cluster, 
     job = Job(tmp_path / "job", name="cluster_join", template=text.replace("{", "{{").replace("}", "}}"),
               sets=[*spark_settings(cluster), f"state.local.dir={cluster.state_path}",
                     "execution.checkpointing.interval=500 ms"])
-    proc = job.start()
-    try:
-        _wait_checkpoints(proc, 2)
-        assert proc.popen.poll() is None, "the job finished before the worker could be killed:\n" + proc.text[-3000:]
-        cluster.kill_worker(1)
-        before_kill = len(proc.lines)
-        proc.wait(timeout=300)
-    finally:
-        proc.kill9()
-        _save(proc, tmp_path / "driver.log")
-    _finished(proc)
+    proc, before_kill = _run_killing_a_worker(cluster, job, tmp_path)
     assert any(re.search(COMPLETED, line) for line in proc.lines[before_kill:]), proc.text[-3000:]
     restarts = re.search(r"(\d+) restarts", proc.text)
     assert restarts and restarts.group(1) == "0", proc.text[-3000:]
