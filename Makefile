@@ -58,14 +58,20 @@ chromium:
 demo: check-java $(VENV)/.installed-demo
 	$(VENV)/bin/sparkpoint run examples/demo.py --config examples/demo.yaml
 
-test: bootstrap kafka-jars chromium
+# The Spark driver JVMs of the run map their classes from one class-data archive, made
+# here once per Java and PySpark (tests/servers/spark_cds.py): each start costs less.
+.PHONY: spark-cds
+spark-cds: bootstrap
+	$(PY) -m tests.servers.spark_cds
+
+test: bootstrap kafka-jars chromium spark-cds
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # The tier that starts no job or server process of its own: unit tests, the contract
 # suites, the in-process integration tests on one shared Spark session and the Nexmark
 # examples against their references (the Kafka tests need a broker JVM, the Spark Connect
 # and README-command tests JVMs of their own: they stay in `make test`).
-test-fast: bootstrap
+test-fast: bootstrap spark-cds
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/contracts tests/integration \
 		tests/nexmark --ignore=tests/integration/kafka -m "not kafka and not e2e"
 
@@ -74,7 +80,7 @@ test-fast: bootstrap
 # faults, rows lost and duplicated; expected 0) are printed at the end and kept in CHAOS_OUT.
 SEEDS ?= 20
 CHAOS_OUT ?= chaos-out
-chaos: bootstrap kafka-jars
+chaos: bootstrap kafka-jars spark-cds
 	rm -rf $(CHAOS_OUT) && mkdir -p $(CHAOS_OUT)
 	SPARKPOINT_CHAOS_SEEDS=$(SEEDS) SPARKPOINT_CHAOS_OUT=$(abspath $(CHAOS_OUT)) SPARKPOINT_CHAOS_FULL=1 \
 		$(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_chaos_storm.py tests/e2e/test_chaos_kafka_fallback.py; rc=$$?; \

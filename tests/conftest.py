@@ -12,6 +12,11 @@ import pytest
 from tests.servers.kafka_broker import KafkaBroker
 from tests.servers.names import unique_name
 from tests.servers.s3_server import S3Server
+from tests.servers.spark_cds import use_if_present
+
+# Every Spark driver JVM of the run (in-process, and in the processes tests start) maps its
+# classes from the run's class-data archive when `make test` made one.
+use_if_present()
 
 
 @pytest.fixture(scope="session")
