@@ -118,3 +118,26 @@ def test_window_updates_and_late_refires_merged_by_window_equal_the_batch_window
     assert got["late"].any(), "late rows re-fired windows (the case merging must fold into one row)"
     expected = window_reference(generated_events(WINDOW_KEYS))
     pd.testing.assert_frame_equal(got.drop(columns=["late"]).astype("int64"), expected)
+
+
+# -- bad configuration ------------------------------------------------------------------------
+def test_merge_keys_that_the_output_lacks_stop_the_job_once_with_one_clear_error(spark, tmp_path):
+    """The output's columns are first known where its rows are written (the executors'
+    writer, after the steps' maps): the job stops there, without restarts."""
+    from sparkpoint.errors import JobFailedError
+    from sparkpoint.runtime.jobmaster import JobMaster
+
+    out = tmp_path / "totals"
+    pipeline = (Pipeline("bad-keys")
+                .source(GeneratorSource("events", keys=10, total_events=100, max_records_per_epoch=100))
+                .stateful(KeyedAggregate("totals", ["key"], "value", value_type="bigint"))
+                .sink(DeltaSink(str(out), merge_keys=["customer"])))
+    master = JobMaster(pipeline, job_settings(tmp_path, "bad-keys"), spark=spark)
+    with pytest.raises(JobFailedError) as err:
+        master.run()
+    message = str(err.value)
+    assert "\n" not in message and "Not restarted: a configuration error" in message
+    assert ("ConfigError: sink delta: merge_keys ['customer'] are not columns of the output (key, count, sum, min, "
+            "max); name the output's key columns in DeltaSink(merge_keys=...)") in message
+    assert master.restarts == 0 and master.status.status is JobStatus.FAILED
+    assert not DeltaTable.is_deltatable(str(out))
