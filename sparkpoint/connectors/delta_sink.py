@@ -41,6 +41,17 @@ Commit protocol (each step idempotent; what a crash at each step leaves):
      that same transaction, so the checkpoints that produce those epochs again commit;
      then deletes every data file of this layout that no active `add` names.
      `recover(None)` (a fresh start) withdraws everything of this layout and records txn 0.
+
+Merge by key (`merge_keys`): steps 1-4 are the same (each task writes its last row per
+key). Step 5 reads the handle's files of epochs the table does not hold yet, in epoch,
+task, row order, keeps the last row per key (delta_merge.py) and merges them with ONE
+`MERGE` (or, first, the table's creation) that carries txn(app, cid) and
+txn(app + "/next-epoch", last_epoch + 1). The second record is what lets a handle that
+names epochs an earlier commit merged skip them: merging an epoch again would put an
+older row back over a newer one. The merged staged files are deleted afterwards. Merged
+rows cannot be withdrawn file by file, so `recover` first rewinds a table that holds
+epochs after the restored checkpoint: Delta RESTORE to its latest version that holds
+none (or emptied), recording both txn versions in that commit, then merges the handle.
 """
 
 from __future__ import annotations
@@ -194,7 +205,6 @@ def translate_storage_options(protocol: str, storage_options: Mapping[str, Any])
 
 
 class DeltaSink(Sink):
-    read_hint = "read it with deltalake.DeltaTable(...) or spark.read.format('delta'): committed versions only"
     """`path`: a local directory or `s3://bucket/prefix`, the Delta table's root (created
     on the first commit with the output's schema, or an existing table with the same
     columns). `storage_options`: s3fs options for the executors' data files; translated
@@ -203,6 +213,8 @@ class DeltaSink(Sink):
     checkpoint's rows are then merged into the table by these columns (update a row with
     the same key, insert the others; the last row of a key wins), so the table holds one
     row per key. Without it every row is appended."""
+
+    read_hint = "read it with deltalake.DeltaTable(...) or spark.read.format('delta'): committed versions only"
 
     def __init__(self, path: str | os.PathLike, name: str = "delta", storage_options: dict[str, Any] | None = None,
                  delta_storage_options: dict[str, str] | None = None, app_id: str | None = None,
