@@ -314,6 +314,7 @@ class DeltaSink(Sink):
             files, last, cid = [], -1, 0
             if handle:
                 files, last, cid = _validate_handle(handle)
+            self._check_mode()
             if self.merge_keys:
                 # Rewind first: merged rows of later epochs cannot be taken out file by file.
                 self._rewind_merged(last, cid)
@@ -394,6 +395,23 @@ class DeltaSink(Sink):
                            f"and disappearing")
 
     # -- merge by key ---------------------------------------------------------------------
+    def _check_mode(self) -> None:
+        """A table this job appended to is not merged into, nor the other way round: the
+        two keep different records of what is committed, and a restore across the switch
+        would merge appended epochs again (or append merged ones)."""
+        table = self._load()
+        if table is None:
+            return
+        merged = table.transaction_version(self._epochs_app()) is not None
+        if self.merge_keys and not merged and any(_DATA_FILE.match(p) for p in self._active(table)):
+            raise ConfigError(f"sink {self.name}: Delta table {self.table_uri} holds rows job {self._app()} appended "
+                              f"(a DeltaSink without merge_keys); merging into it would count them twice. Write "
+                              f"the merged output to a new table path, or drop merge_keys")
+        if not self.merge_keys and merged:
+            raise ConfigError(f"sink {self.name}: Delta table {self.table_uri} holds rows job {self._app()} merged "
+                              f"by key (merge_keys); appending to it would mix the two. Pass the same merge_keys "
+                              f"again, or write to a new table path")
+
     def _epochs_app(self) -> str:
         """The second application id of a merging sink: its version is the first epoch not
         merged yet. Delta's txn records are per app id, so both records travel in the one

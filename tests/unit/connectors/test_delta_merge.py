@@ -214,3 +214,24 @@ def test_merge_keys_that_are_not_output_columns_are_refused_in_one_line(out):
         writer.write(0, 0, updates(("a", 1)))
     assert str(e.value) == ("sink delta: merge_keys ['window_start'] are not columns of the output (k, total); "
                             "name the output's key columns in DeltaSink(merge_keys=...)")
+
+
+def test_a_table_is_not_switched_between_appending_and_merging_on_restore(out):
+    appended = DeltaSink(out)
+    appended.open(JOB)
+    appended.stage_epoch(0, appended.epoch_writer().write(0, 0, updates(("a", 1))))
+    handle = checkpoint(appended, 1)
+    appended.commit(handle)
+    with pytest.raises(ConfigError, match=r"holds rows job job appended .* new table path, or drop merge_keys$"):
+        new_sink(out).recover(handle)
+
+    other = os.path.join(os.path.dirname(out), "merged")
+    merged = new_sink(other)
+    run_epoch(merged, 0, (("a", 1),))
+    handle = checkpoint(merged, 1)
+    merged.commit(handle)
+    plain = DeltaSink(other)
+    plain.open(JOB)
+    with pytest.raises(ConfigError, match=r"holds rows job job merged by key .* Pass the same merge_keys again"):
+        plain.recover(handle)
+    assert table(other) == {"a": 1}
