@@ -235,3 +235,38 @@ def test_a_table_is_not_switched_between_appending_and_merging_on_restore(out):
     with pytest.raises(ConfigError, match=r"holds rows job job merged by key .* Pass the same merge_keys again"):
         plain.recover(handle)
     assert table(other) == {"a": 1}
+
+
+def test_top_n_re_emits_merged_by_key_and_rank_equal_the_top_n_of_all_rows(out):
+    """TopN writes a key's whole top again whenever an epoch changes it; merged by (key,
+    rank), the table is each key's top n over every row so far (computed by pandas)."""
+    import random
+
+    import pandas as pd
+
+    from sparkpoint import TopN
+    from sparkpoint.testing import ProcessorTester
+
+    rnd = random.Random(3)
+    prices = rnd.sample(range(10_000), 400)  # distinct: no ties to break
+    bids = pd.DataFrame({"auction": [rnd.randrange(8) for _ in prices], "bidder": [rnd.randrange(50) for _ in prices],
+                         "price": prices}).astype("int64")
+    tester = ProcessorTester(TopN("top", ["auction"], [("price", "desc")], 3))
+    sink = new_sink(out, keys=("auction", "rank"))
+    emitted = 0
+    for epoch, rows in enumerate([bids.iloc[i:i + 50] for i in range(0, len(bids), 50)]):
+        update = pa.Table.from_pandas(tester.process(rows.reset_index(drop=True)), preserve_index=False)
+        emitted += update.num_rows
+        sink.write_epoch(epoch, update)
+        if epoch % 2:
+            sink.commit(checkpoint(sink, epoch + 1))
+    sink.commit(checkpoint(sink, 100))
+
+    expected = bids.sort_values("price", ascending=False).groupby("auction").head(3).copy()
+    expected["rank"] = expected.groupby("auction")["price"].rank(ascending=False).astype("int64")
+    got = read_committed(out).to_pandas()
+    assert emitted > len(got), "tops were re-emitted (the updates merging folds)"
+    cols = ["auction", "rank", "bidder", "price"]
+    assert not got.duplicated(["auction", "rank"]).any()
+    pd.testing.assert_frame_equal(got[cols].astype("int64").sort_values(cols[:2]).reset_index(drop=True),
+                                  expected[cols].sort_values(cols[:2]).reset_index(drop=True))
