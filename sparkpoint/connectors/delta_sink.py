@@ -72,7 +72,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sparkpoint.connectors.base import EpochWriter, Sink
-from sparkpoint.connectors.delta_merge import check_merge_keys, last_per_key, merge_predicate, missing_keys
+from sparkpoint.connectors.delta_merge import check_merge_keys, last_per_key, merge_predicate
 from sparkpoint.connectors.parquet_sink import resolve_output_url
 from sparkpoint.errors import ConfigError, CorruptCheckpointError, StorageError
 from sparkpoint.storage.fs import StorageFS, fsync_dir
@@ -546,6 +546,11 @@ class DeltaSink(Sink):
             try:
                 past.load_as_version(version)
             except Exception as e:
+                if next_epoch == 0:
+                    # A fresh start withdraws everything the job merged: no old version needed.
+                    log.info("sink %s: version %d of Delta table %s cannot be read (%s); emptying the table",
+                             self.name, version, self.table_uri, e)
+                    return None, 0
                 raise StorageError(f"sink {self.name}: reading version {version} of Delta table {self.table_uri} "
                                    f"to rewind it failed: {type(e).__name__}: {e}") from e
             held = self._next_epoch(past)
