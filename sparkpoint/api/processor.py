@@ -30,7 +30,7 @@ import pyarrow as pa
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
 from sparkpoint.api.event_time import timer_ms
 from sparkpoint.errors import ConfigError, StateSchemaError
-from sparkpoint.state.codec import RowCodec, SchemaLike, parse_schema
+from sparkpoint.state.codec import RowCodec, SchemaLike, parse_schema, require_hashable
 from sparkpoint.state.interfaces import KEY_GROUP_COL, MARKER_COL, SUBTASK_COL, EpochContext, StatefulOperator
 from sparkpoint.state.keys import (decode_timestamp, encode_timestamp, encode_user_keys, group_prefix,
                                    key_columns_from_plain, key_group_range, namespace, plain_key_tuples)
@@ -255,7 +255,7 @@ class StatefulProcessorHandle:
 
     # -- state variables -----------------------------------------------------------------
     def getValueState(self, stateName: str, schema: SchemaLike, ttlDurationMs: int | None = None) -> ValueState:
-        """Declare a value state named `stateName` with `schema` (a DDL string such as "count BIGINT, last TIMESTAMP" or a StructType). The name is the state's identity in checkpoints. `ttlDurationMs` is refused: clear state from a timer instead."""
+        """Declare a value state named `stateName` with `schema`: Spark DDL such as "total DECIMAL(12, 2), last TIMESTAMP, tags ARRAY<STRING>", a StructType or a pyarrow.Schema (types and their Python values: docs/processor-state.md). The name is the state's identity in checkpoints. `ttlDurationMs` is refused: clear state from a timer instead."""
         ns = self._declare(stateName, "value", ttlDurationMs)
         return ValueState(self._store, self._current, ns, RowCodec(stateName, schema))
 
@@ -268,8 +268,9 @@ class StatefulProcessorHandle:
                     ttlDurationMs: int | None = None) -> MapState:
         """Declare a map state named `stateName`: map keys of `userKeySchema`, values of `valueSchema`."""
         ns = self._declare(stateName, "map", ttlDurationMs)
-        return MapState(self._store, self._current, ns, RowCodec(f"{stateName} (map key)", userKeySchema),
-                        RowCodec(stateName, valueSchema))
+        key_codec = RowCodec(f"{stateName} (map key)", userKeySchema)
+        require_hashable(key_codec.schema, f"map key of state {stateName!r}")
+        return MapState(self._store, self._current, ns, key_codec, RowCodec(stateName, valueSchema))
 
     def _declare(self, name: str, kind: str, ttl: int | None) -> bytes:
         if ttl is not None:
