@@ -28,8 +28,10 @@ import pandas as pd
 import pyarrow as pa
 
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
+from sparkpoint.api.durations import duration_ms
 from sparkpoint.api.event_time import timer_ms
 from sparkpoint.errors import ConfigError, StateSchemaError
+from sparkpoint.state import ttl
 from sparkpoint.state.codec import RowCodec, SchemaLike, parse_schema, require_hashable
 from sparkpoint.state.interfaces import KEY_GROUP_COL, MARKER_COL, SUBTASK_COL, EpochContext, StatefulOperator
 from sparkpoint.state.keys import (decode_timestamp, encode_timestamp, encode_user_keys, group_prefix,
@@ -105,12 +107,13 @@ class StatefulProcessor:
 
 # -- per-key scope ---------------------------------------------------------------------
 class _CurrentKey:
-    """The key being processed; state objects read it on every call."""
+    """The key being processed, and the epoch's processing time; state objects read them on every call."""
 
-    def __init__(self) -> None:
+    def __init__(self, processing_time_ms: int | None = None) -> None:
         self.group: int | None = None
         self.user_key = b""
         self.plain: tuple = ()
+        self.processing_time_ms = processing_time_ms
 
     def prefix(self, ns: bytes) -> bytes:
         if self.group is None:
@@ -118,49 +121,76 @@ class _CurrentKey:
                               "(in handle_input_rows / handle_expired_timer), not in init")
         return group_prefix(self.group, ns) + self.user_key
 
+    @property
+    def now_ms(self) -> int:
+        if self.processing_time_ms is None:
+            raise ConfigError("state is read here without a processing time, so its time to live cannot be told")
+        return self.processing_time_ms
 
-class ValueState:
+
+class _State:
+    """What every state kind shares: writing a value with its expiry (sparkpoint.state.ttl)
+    and reading only values that have not expired."""
+
+    def __init__(self, store, current: _CurrentKey, ns: bytes, ttl_ms: int | None):
+        self._store, self._current, self._ns, self._ttl_ms = store, current, ns, ttl_ms
+
+    def _live(self, raw: bytes | None) -> bytes | None:
+        return ttl.live(raw, self._current.now_ms) if raw is not None else None
+
+    def _put(self, keys: list[bytes], encoded: list[bytes]) -> None:
+        if self._ttl_ms is None:
+            self._store.put_many(keys, encoded)
+            return
+        expiry = self._current.now_ms + self._ttl_ms  # each write restarts the value's time to live
+        self._store.put_many(keys, [ttl.wrap(v, expiry) for v in encoded])
+        self._store.put_many([ttl.index_key(k, expiry) for k in keys], [b""] * len(keys))
+
+
+class ValueState(_State):
     """One value per key (a row of the declared schema), from `handle.getValueState(name, schema)`.
     Every method acts on the key being processed."""
 
-    def __init__(self, store, current: _CurrentKey, ns: bytes, codec: RowCodec):
-        self._store, self._current, self._ns, self._codec = store, current, ns, codec
+    def __init__(self, store, current: _CurrentKey, ns: bytes, codec: RowCodec, ttl_ms: int | None = None):
+        super().__init__(store, current, ns, ttl_ms)
+        self._codec = codec
 
     def exists(self) -> bool:
-        """Whether the current key has a value."""
-        return self._store.get(self._current.prefix(self._ns)) is not None
+        """Whether the current key has a value (one past its time to live does not count)."""
+        return self._live(self._store.get(self._current.prefix(self._ns))) is not None
 
     def get(self) -> tuple | None:
-        """The current key's value as a tuple of the schema's columns, or None."""
-        raw = self._store.get(self._current.prefix(self._ns))
+        """The current key's value as a tuple of the schema's columns, or None (also once its time to live has passed)."""
+        raw = self._live(self._store.get(self._current.prefix(self._ns)))
         return None if raw is None else self._codec.decode(raw)
 
     def update(self, newValue: Any) -> None:
-        """Set the current key's value: a tuple, a dict or a scalar for a one-column schema; values are checked against the schema."""
-        self._store.put(self._current.prefix(self._ns), self._codec.encode(newValue))
+        """Set the current key's value: a tuple, a dict or a scalar for a one-column schema; values are checked against the schema. With a TTL, the value expires `ttlDurationMs` after this epoch's processing time."""
+        self._put([self._current.prefix(self._ns)], [self._codec.encode(newValue)])
 
     def clear(self) -> None:
         """Remove the current key's value."""
         self._store.delete(self._current.prefix(self._ns))
 
 
-class ListState:
+class ListState(_State):
     """One stored entry per element, so appends cost O(1):
     <group><ns><user key>             -> next sequence number (8 bytes)
     <group><ns><user key><seq: 8 BE>  -> element row
-    The exact prefix key sorts before its elements, so one prefix scan reads the list."""
+    The exact prefix key sorts before its elements, so one prefix scan reads the list.
+    With a TTL each element has its own expiry, set when it is written."""
 
-    def __init__(self, store, current: _CurrentKey, ns: bytes, codec: RowCodec):
-        self._store, self._current, self._ns, self._codec = store, current, ns, codec
+    def __init__(self, store, current: _CurrentKey, ns: bytes, codec: RowCodec, ttl_ms: int | None = None):
+        super().__init__(store, current, ns, ttl_ms)
+        self._codec = codec
 
     def exists(self) -> bool:
-        """Whether the current key's list has any element."""
-        return self._store.get(self._current.prefix(self._ns)) is not None
+        """Whether the current key's list has any element (past their time to live, none count)."""
+        return next(self._elements(), None) is not None
 
     def get(self) -> Iterator[tuple]:
         """The current key's elements in the order they were added, as tuples."""
-        head = self._current.prefix(self._ns)
-        return iter([self._codec.decode(v) for k, v in list(self._store.scan_prefix(head)) if k != head])
+        return iter([self._codec.decode(v) for v in list(self._elements())])
 
     def put(self, newState: Iterable[Any]) -> None:
         """Replace the current key's list with `newState` (checked before anything is changed)."""
@@ -181,45 +211,53 @@ class ListState:
         head = self._current.prefix(self._ns)
         self._store.delete_many([k for k, _ in list(self._store.scan_prefix(head))])
 
+    def _elements(self) -> Iterator[bytes]:
+        head = self._current.prefix(self._ns)
+        if self._store.get(head) is None:
+            return
+        for k, v in self._store.scan_prefix(head):
+            if k != head and (value := self._live(v)) is not None:
+                yield value
+
     def _append(self, encoded: list[bytes]) -> None:
         if not encoded:
             return  # PySpark: an empty list state does not exist
         head = self._current.prefix(self._ns)
         raw = self._store.get(head)
         seq = 0 if raw is None else int.from_bytes(raw, "big")
-        self._store.put_many([head + (seq + i).to_bytes(8, "big") for i in range(len(encoded))], encoded)
+        self._put([head + (seq + i).to_bytes(8, "big") for i in range(len(encoded))], encoded)
         self._store.put(head, (seq + len(encoded)).to_bytes(8, "big"))
 
 
-class MapState:
-    """One stored entry per map key: <group><ns><user key><encoded map key> -> value."""
+class MapState(_State):
+    """One stored entry per map key: <group><ns><user key><encoded map key> -> value.
+    With a TTL each entry has its own expiry, set when it is written."""
 
-    def __init__(self, store, current: _CurrentKey, ns: bytes, key_codec: RowCodec, value_codec: RowCodec):
-        self._store, self._current, self._ns = store, current, ns
+    def __init__(self, store, current: _CurrentKey, ns: bytes, key_codec: RowCodec, value_codec: RowCodec,
+                 ttl_ms: int | None = None):
+        super().__init__(store, current, ns, ttl_ms)
         self._key_codec, self._value_codec = key_codec, value_codec
 
     def exists(self) -> bool:
-        """Whether the current key's map has any entry."""
-        return self._store.has_prefix(self._current.prefix(self._ns))
+        """Whether the current key's map has any entry (past their time to live, none count)."""
+        return next(self._entries(), None) is not None
 
     def getValue(self, key: Any) -> tuple | None:
         """The value stored under `key` in the current key's map, or None."""
-        raw = self._store.get(self._entry(key))
+        raw = self._live(self._store.get(self._entry(key)))
         return None if raw is None else self._value_codec.decode(raw)
 
     def containsKey(self, key: Any) -> bool:
         """Whether the current key's map has `key`."""
-        return self._store.get(self._entry(key)) is not None
+        return self._live(self._store.get(self._entry(key))) is not None
 
     def updateValue(self, key: Any, value: Any) -> None:
         """Store `value` under `key` in the current key's map."""
-        self._store.put(self._entry(key), self._value_codec.encode(value))
+        self._put([self._entry(key)], [self._value_codec.encode(value)])
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
         """The current key's entries as (map key, value) tuples, in the order of their encoded keys."""
-        prefix = self._current.prefix(self._ns)
-        entries = list(self._store.scan_prefix(prefix))
-        return iter([(self._key_codec.decode(k[len(prefix):]), self._value_codec.decode(v)) for k, v in entries])
+        return iter([(self._key_codec.decode(k), self._value_codec.decode(v)) for k, v in list(self._entries())])
 
     def keys(self) -> Iterator[tuple]:
         """The current key's map keys."""
@@ -238,6 +276,13 @@ class MapState:
         prefix = self._current.prefix(self._ns)
         self._store.delete_many([k for k, _ in list(self._store.scan_prefix(prefix))])
 
+    def _entries(self) -> Iterator[tuple[bytes, bytes]]:
+        """(encoded map key, encoded value) of every live entry."""
+        prefix = self._current.prefix(self._ns)
+        for k, v in self._store.scan_prefix(prefix):
+            if (value := self._live(v)) is not None:
+                yield k[len(prefix):], value
+
     def _entry(self, key: Any) -> bytes:
         # The codec normalizes values to the declared types, so equal keys encode equally.
         return self._current.prefix(self._ns) + self._key_codec.encode(key)
@@ -246,41 +291,44 @@ class MapState:
 class StatefulProcessorHandle:
     """Declares state variables and manages the current key's timers."""
 
-    def __init__(self, store, processor_name: str, time_mode: TimeMode):
+    def __init__(self, store, processor_name: str, time_mode: TimeMode, processing_time_ms: int | None = None):
         self._store = store
         self._processor = processor_name
         self._time_mode = time_mode
-        self._current = _CurrentKey()
+        self._current = _CurrentKey(processing_time_ms)
         self._declared: dict[str, str] = {}
 
     # -- state variables -----------------------------------------------------------------
     def getValueState(self, stateName: str, schema: SchemaLike, ttlDurationMs: int | None = None) -> ValueState:
-        """Declare a value state named `stateName` with `schema`: Spark DDL such as "total DECIMAL(12, 2), last TIMESTAMP, tags ARRAY<STRING>", a StructType or a pyarrow.Schema (types and their Python values: docs/processor-state.md). The name is the state's identity in checkpoints. `ttlDurationMs` is refused: clear state from a timer instead."""
-        ns = self._declare(stateName, "value", ttlDurationMs)
-        return ValueState(self._store, self._current, ns, RowCodec(stateName, schema))
+        """Declare a value state named `stateName` with `schema`: Spark DDL such as "total DECIMAL(12, 2), last TIMESTAMP, tags ARRAY<STRING>", a StructType or a pyarrow.Schema (types and their Python values: docs/processor-state.md). The name is the state's identity in checkpoints. `ttlDurationMs` (ms, or a duration such as "30 min"): the value expires that long after the processing time of the epoch that last wrote it, as with Spark's TTL; None keeps it until cleared."""
+        ns, ttl_ms = self._declare(stateName, "value", ttlDurationMs)
+        return ValueState(self._store, self._current, ns, RowCodec(stateName, schema), ttl_ms)
 
     def getListState(self, stateName: str, schema: SchemaLike, ttlDurationMs: int | None = None) -> ListState:
-        """Declare a list state named `stateName` whose elements have `schema`."""
-        ns = self._declare(stateName, "list", ttlDurationMs)
-        return ListState(self._store, self._current, ns, RowCodec(stateName, schema))
+        """Declare a list state named `stateName` whose elements have `schema`; with `ttlDurationMs` each element expires that long after the epoch that wrote it."""
+        ns, ttl_ms = self._declare(stateName, "list", ttlDurationMs)
+        return ListState(self._store, self._current, ns, RowCodec(stateName, schema), ttl_ms)
 
     def getMapState(self, stateName: str, userKeySchema: SchemaLike, valueSchema: SchemaLike,
                     ttlDurationMs: int | None = None) -> MapState:
-        """Declare a map state named `stateName`: map keys of `userKeySchema`, values of `valueSchema`."""
-        ns = self._declare(stateName, "map", ttlDurationMs)
+        """Declare a map state named `stateName`: map keys of `userKeySchema`, values of `valueSchema`; with `ttlDurationMs` each entry expires that long after the epoch that last wrote it."""
+        ns, ttl_ms = self._declare(stateName, "map", ttlDurationMs)
         key_codec = RowCodec(f"{stateName} (map key)", userKeySchema)
         require_hashable(key_codec.schema, f"map key of state {stateName!r}")
-        return MapState(self._store, self._current, ns, key_codec, RowCodec(stateName, valueSchema))
+        return MapState(self._store, self._current, ns, key_codec, RowCodec(stateName, valueSchema), ttl_ms)
 
-    def _declare(self, name: str, kind: str, ttl: int | None) -> bytes:
-        if ttl is not None:
-            raise ConfigError(f"processor {self._processor!r}: state {name!r} asks for a TTL, which "
-                              "sparkpoint does not support yet; clear the state from a timer instead")
+    def _declare(self, name: str, kind: str, ttl_duration: Any) -> tuple[bytes, int | None]:
         if self._declared.setdefault(name, kind) != kind:
             raise ConfigError(f"processor {self._processor!r}: state {name!r} is declared as both "
                               f"{self._declared[name]} and {kind} state; use distinct names")
+        ttl_ms = None
+        if ttl_duration is not None:
+            what = f"processor {self._processor!r}: ttlDurationMs of state {name!r}"
+            ttl_ms = duration_ms(ttl_duration, what)
+            if ttl_ms <= 0:
+                raise ConfigError(f"{what} is {ttl_duration!r}; a time to live must be positive (or None: no TTL)")
         # Each kind has its own namespace: changing a state's kind never misreads old bytes.
-        return namespace(f"{kind}:{name}")
+        return namespace(f"{kind}:{name}"), ttl_ms
 
     # -- timers ----------------------------------------------------------------------------
     def registerTimer(self, expiryTimestampMs: Any) -> None:
@@ -373,7 +421,7 @@ class ProcessorOperator(StatefulOperator):
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
         self.keys.ensure(store, rows)
         processor = self._new_processor()
-        handle = StatefulProcessorHandle(store, self.name, self.time_mode)
+        handle = StatefulProcessorHandle(store, self.name, self.time_mode, ctx.processing_time_ms)
         timer_values = TimerValues(ctx.processing_time_ms,
                                    ctx.watermark_ms if ctx.watermark_ms is not None else -1)
         outputs: list[pa.Table] = []
@@ -384,6 +432,9 @@ class ProcessorOperator(StatefulOperator):
             self._fire_timers(processor, handle, ctx, timer_values, outputs)
         finally:
             processor.close()
+        # As Spark does at the end of a batch: what expired by this epoch's processing time leaves the store.
+        ttl.purge_expired(store, key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism),
+                          ctx.processing_time_ms)
         return pa.concat_tables(outputs) if outputs else self._output_schema.empty_table()
 
     def _process_rows(self, processor: StatefulProcessor, handle: StatefulProcessorHandle, rows: pa.Table,

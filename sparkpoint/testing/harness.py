@@ -127,8 +127,8 @@ class TesterSnapshot:
 class _PeekingHandle(StatefulProcessorHandle):
     """The processor's own handle, keeping the state objects its `init` declares by name."""
 
-    def __init__(self, store, name: str, time_mode: str):
-        super().__init__(store, name, time_mode)  # type: ignore[arg-type]
+    def __init__(self, store, name: str, time_mode: str, processing_time_ms: int):
+        super().__init__(store, name, time_mode, processing_time_ms)  # type: ignore[arg-type]
         self.states: dict[str, tuple[str, Any]] = {}
 
     def getValueState(self, stateName, schema, ttlDurationMs=None):
@@ -436,7 +436,8 @@ class ProcessorTester:
             values = key if isinstance(key, tuple) else (key,)
             one = pa.table({f.name: pa.array([v], type=f.type) for f, v in zip(fields, values)})
             group = key_groups(one, op.key_columns, self._max_parallelism)[0].as_py()
-            handle = _PeekingHandle(state.store, op.name, op.time_mode)
+            # A peek sees what the processor would see now: nothing past its time to live.
+            handle = _PeekingHandle(state.store, op.name, op.time_mode, self._processing_time)
             op._new_processor().init(handle)
             ProcessorOperator._enter(handle, group, encode_user_keys(one, op.key_columns)[0],
                                      plain_key_tuples(one, op.key_columns)[0])
