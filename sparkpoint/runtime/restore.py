@@ -123,7 +123,7 @@ class Restorer:
 
     def __init__(self, *, job_name: str, settings: Any, storage: Any, gateway: Any, position: JobPosition,
                  epoch_plans: EpochReplay, sources: Mapping[str, Any], sinks: Mapping[str, Any],
-                 state: StateRestore, faults: Any, announce: Callable[[str], None]):
+                 state: StateRestore, faults: Any, announce: Callable[[str], None], state_schemas: Any = None):
         self.job_name = job_name
         self.settings = settings
         self.storage = storage
@@ -135,6 +135,7 @@ class Restorer:
         self.state = state
         self.faults = faults
         self.announce = announce
+        self.state_schemas = state_schemas  # checks each step's recorded state schema against the pipeline's
         self.restored_from: int | None = None
         self.restored_external: str | None = None  # the savepoint restored, for the restore statistics
         self.restoring = False
@@ -251,6 +252,10 @@ class Restorer:
         what = f"savepoint {savepoint}" if savepoint else f"checkpoint {data.checkpoint_id}"
         by_step = state_by_step(handles)
         self._check_step_identity(by_step, what)
+        if self.state_schemas is not None:  # every step before any: a refusal leaves nothing half restored
+            for name in self.lineages_of:
+                if by_step.get(name):
+                    self.state_schemas.check_restore(name, by_step[name], what)
         for name, lineages in self.lineages_of.items():
             old = by_step.get(name)
             if not old:  # a step new in the graph starts empty

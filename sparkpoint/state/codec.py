@@ -302,6 +302,8 @@ def _struct_codec(t: pa.StructType, what: str) -> _TypeCodec:
         return [_encode_nested(c, f.nullable, x, f"field {f.name!r}") for c, f, x in zip(inner, fields, values)]
 
     def dec(v: Any) -> tuple:
+        if isinstance(v, list) and len(v) < len(fields) and all(f.nullable for f in fields[len(v):]):
+            v = v + [None] * (len(fields) - len(v))  # written before its last nullable fields were added
         if not isinstance(v, list) or len(v) != len(fields):
             raise _Bad(f"expected a struct of {len(fields)} fields, found {v!r}")
         return tuple(_decode_nested(c, f.nullable, x, f"field {f.name!r}") for c, f, x in zip(inner, fields, v))
@@ -445,6 +447,10 @@ class RowCodec:
         return self.from_plain(values)
 
     def from_plain(self, values: Any) -> tuple:
+        if isinstance(values, list) and len(values) < len(self._fields) and \
+                all(f.nullable for f in self._fields[len(values):]):
+            # Written before the nullable fields after it were added (sparkpoint.state.evolution).
+            values = values + [None] * (len(self._fields) - len(values))
         if not isinstance(values, list) or len(values) != len(self._fields):
             n = len(values) if isinstance(values, list) else "not a row"
             raise StateSchemaError(f"state {self.state_name!r}: stored value has {n} fields, the declared "

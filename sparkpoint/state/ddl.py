@@ -79,6 +79,24 @@ def decimal(precision: int, scale: int, what: str) -> pa.DataType:
     return pa.decimal128(precision, scale)
 
 
+def ddl_of(t: pa.DataType) -> str:
+    """How Spark DDL writes an Arrow type state holds (for messages)."""
+    names = {v: k for k, v in reversed(list(_SIMPLE.items()))}
+    if t in names:
+        return names[t]
+    if pa.types.is_decimal(t):
+        return f"DECIMAL({t.precision}, {t.scale})"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"ARRAY<{ddl_of(t.value_type)}>"
+    if pa.types.is_map(t):
+        return f"MAP<{ddl_of(t.key_type)}, {ddl_of(t.item_type)}>"
+    if pa.types.is_struct(t):
+        return "STRUCT<" + ", ".join(f"{f.name}: {ddl_of(f.type)}" for f in t) + ">"
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMP" if t.tz else "TIMESTAMP_NTZ"
+    return str(t)
+
+
 # -- Spark types (already parsed, by Spark or by the user) -----------------------------------
 def spark_to_arrow(data_type: Any, what: str) -> pa.DataType:
     name = data_type.typeName()

@@ -58,6 +58,7 @@ from sparkpoint.runtime.executor.subtask import META_INFO, EpochTask, RestoreTas
 from sparkpoint.runtime.executor.store_opening import EpochInput
 from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.stage import split_meta
+from sparkpoint.runtime.state_schemas import StateSchemas
 from sparkpoint.state import dump
 from sparkpoint.state.changelog import Lineage
 from sparkpoint.state.interfaces import KEY_GROUP_COL, SUBTASK_COL, StatefulOperator
@@ -199,6 +200,9 @@ class ProcessorTester:
         if tester.step.name != snap.operator:
             raise ConfigError(f"the snapshot holds the state of step {snap.operator!r}, not of {tester.step.name!r}: "
                               "a step's name is its state identity")
+        # The job's check at restore: the state schema the snapshot records against the step's now.
+        StateSchemas({tester.step.name: tester.step}).check_restore(tester.step.name, {_SUBTASK: snap.lineage},
+                                                                   "the snapshot")
         tester._storage_owner = snap._keeps or _Workspace.at(snap.storage)
         tester._storage = StorageRef(snap.storage, _JOB)
         tester._lineages.restore({_SUBTASK: snap.lineage})
@@ -236,6 +240,7 @@ class ProcessorTester:
             generation = self._lineages.generation
             self._lineages.restore({_SUBTASK: handle})
             self._lineages.generation = generation
+        handle = StateSchemas({self.step.name: self.step}).with_schema(self.step.name, handle)  # as a checkpoint does
         return TesterSnapshot(self.step.name, handle, self._storage.url, self._epoch, self._max_event_time,
                               self._manual_watermark, self._processing_time, self._late_dropped,
                               self._storage_owner)

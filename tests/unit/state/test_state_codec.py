@@ -135,9 +135,15 @@ def test_encoding_errors_name_the_state_and_field(row: tuple, message: str) -> N
         codec.encode(row)
 
 
+def test_a_row_written_before_nullable_fields_were_appended_reads_them_as_null() -> None:
+    old = RowCodec("profile", "name STRING, age INT, address STRUCT<street: STRING>")
+    new = RowCodec("profile", "name STRING, age BIGINT, address STRUCT<street: STRING, zip: INT>, email STRING")
+    assert new.decode(old.encode(("ann", 30, ("Main St",)))) == ("ann", 30, ("Main St", None), None)
+
+
 def test_decoding_a_value_written_under_another_schema_fails_clearly() -> None:
     old = RowCodec("profile", "name STRING, age INT")
-    new = RowCodec("profile", "name STRING, age INT, email STRING")
+    new = RowCodec("profile", "name STRING, age INT, email STRING NOT NULL")
     with pytest.raises(StateSchemaError, match="state 'profile': stored value has 2 fields.*has 3"):
         new.decode(old.encode(("ann", 30)))
     retyped = RowCodec("profile", "name STRING, age STRING")
