@@ -26,6 +26,7 @@ import msgpack
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
 from sparkpoint.api.durations import duration_ms
@@ -100,6 +101,21 @@ class StatefulProcessor:
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         """PySpark's name and signature for `handle_expired_timer`."""
         return iter(())
+
+    def handle_initial_state(self, key: tuple, initial_state: pd.DataFrame,
+                             timer_values: TimerValues) -> None:
+        """Called once per key of the operator's `initial_state`, in the job's first epoch
+        and before that key's rows, never after a restore: `initial_state` holds the key's
+        rows of it (one pandas DataFrame). Set the key's state here. The default calls
+        PySpark's `handleInitialState`."""
+        if type(self).handleInitialState is StatefulProcessor.handleInitialState:
+            raise ConfigError(f"{type(self).__name__} is given an initial_state but defines no handle_initial_state "
+                              "(or PySpark's handleInitialState) to apply it")
+        self.handleInitialState(key, initial_state, timer_values)
+
+    def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues) -> None:
+        """PySpark's name and signature for `handle_initial_state`."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Called when the subtask is done with the processor (end of an epoch's work or of the job)."""
@@ -380,15 +396,31 @@ class _ForeignProcessor(StatefulProcessor):
         fn = getattr(self._inner, "handleExpiredTimer", None)
         return fn(key, timerValues, expiredTimerInfo) if fn else iter(())
 
+    def handleInitialState(self, key, initialState, timerValues):
+        fn = getattr(self._inner, "handleInitialState", None)
+        if fn is None:
+            raise ConfigError(f"{type(self._inner).__name__} is given an initial_state but defines no "
+                              "handleInitialState to apply it")
+        fn(key, initialState, timerValues)
+
     def close(self) -> None:
         self._inner.close()
 
 
 # -- the operator ----------------------------------------------------------------------
+INITIAL_STATE_COL = "__initial_state"  # in the first epoch's rows: a row of the initial state, as a struct
+
+
 class ProcessorOperator(StatefulOperator):
+    """`initial_state`: a DataFrame (Spark, pandas or a pyarrow Table) holding the key
+    columns and whatever else the processor's `handle_initial_state` reads; applied
+    once, in the job's first epoch, before that epoch's rows (PySpark's
+    `transformWithStateInPandas(..., initialState=...)`). A restore never applies it
+    again: the state it set is in the checkpoint."""
+
     def __init__(self, name: str, processor_factory: Callable[[], StatefulProcessor] | StatefulProcessor,
                  key_columns: list[str], output_schema: SchemaLike, time_mode: str = "none", *,
-                 key_schema: SchemaLike | None = None):
+                 key_schema: SchemaLike | None = None, initial_state: Any = None):
         mode = str(time_mode).lower().replace("_", "").replace("-", "")
         if mode not in ("eventtime", "processingtime", "none"):
             raise ConfigError(f"ProcessorOperator {name!r}: time_mode {time_mode!r} must be 'eventtime', "
@@ -401,6 +433,18 @@ class ProcessorOperator(StatefulOperator):
         self._factory = processor_factory
         self._output_schema = parse_schema(output_schema, f"output_schema of processor {name!r}")
         self.keys = KeySchema(name, key_columns, key_schema)
+        self.initial_state = initial_state
+        if initial_state is not None:
+            names = getattr(initial_state, "column_names", None)  # pyarrow
+            columns = list(names if names is not None else getattr(initial_state, "columns", ()))
+            missing = [c for c in self.key_columns if c not in columns]
+            if missing:
+                raise ConfigError(f"ProcessorOperator {name!r}: initial_state lacks the key column(s) {missing} "
+                                  f"(it has {columns}); name its key columns as the operator's")
+
+    def __getstate__(self) -> dict:
+        # The initial state reaches executors as rows of the first epoch, never with the operator.
+        return {**self.__dict__, "initial_state": None}
 
     def resolve_input_schema(self, schema: pa.Schema) -> None:
         self.keys.resolve(schema)
@@ -427,6 +471,10 @@ class ProcessorOperator(StatefulOperator):
         outputs: list[pa.Table] = []
         processor.init(handle)
         try:
+            if INITIAL_STATE_COL in rows.column_names:
+                initial = pc.is_valid(rows.column(INITIAL_STATE_COL))
+                self._apply_initial_state(processor, handle, rows.filter(initial), timer_values)
+                rows = rows.filter(pc.invert(initial)).drop_columns([INITIAL_STATE_COL])
             if rows.num_rows:
                 self._process_rows(processor, handle, rows, timer_values, outputs)
             self._fire_timers(processor, handle, ctx, timer_values, outputs)
@@ -437,8 +485,24 @@ class ProcessorOperator(StatefulOperator):
                           ctx.processing_time_ms)
         return pa.concat_tables(outputs) if outputs else self._output_schema.empty_table()
 
-    def _process_rows(self, processor: StatefulProcessor, handle: StatefulProcessorHandle, rows: pa.Table,
-                      timer_values: TimerValues, outputs: list[pa.Table]) -> None:
+    def _apply_initial_state(self, processor: StatefulProcessor, handle: StatefulProcessorHandle, rows: pa.Table,
+                             timer_values: TimerValues) -> None:
+        """Each key's rows of the initial state through `handle_initial_state`, in key order."""
+        if not rows.num_rows:
+            return
+        struct = rows.column(INITIAL_STATE_COL).combine_chunks()
+        initial = pa.Table.from_arrays(struct.flatten(), names=[f.name for f in struct.type]).to_pandas()
+        for key, key_rows in self._by_key(handle, rows, initial):
+            try:
+                processor.handle_initial_state(key, key_rows, timer_values)
+            except Exception as e:
+                e.add_note(f"in processor {self.name!r}, key {key!r}, applying its initial state")
+                raise
+
+    def _by_key(self, handle: StatefulProcessorHandle, rows: pa.Table,
+                frame: pd.DataFrame) -> Iterator[tuple[tuple, pd.DataFrame]]:
+        """(key, the key's rows of `frame`) for each key of `rows` (row i of `frame` is
+        row i of `rows`), in key order, with `handle` in that key's scope."""
         require_key_groups(rows, self.name)
         user_keys = encode_user_keys(rows, self.key_columns)
         codes, uniques = pd.factorize(pd.Series(user_keys, dtype=object), sort=True)
@@ -449,11 +513,15 @@ class ProcessorOperator(StatefulOperator):
         key_values = list(zip(*[rows.column(c).take(firsts).to_pylist() for c in self.key_columns]))
         plain = plain_key_tuples(rows.take(firsts), self.key_columns)
         key_groups = rows.column(KEY_GROUP_COL).take(firsts).to_pylist()
-        user_columns = [c for c in rows.column_names if c not in (KEY_GROUP_COL, MARKER_COL, SUBTASK_COL)]
-        frame = rows.select(user_columns).to_pandas()
         for idx, key, pk, kg, uk in zip(groups, key_values, plain, key_groups, uniques):
             self._enter(handle, kg, uk, pk)
-            key_rows = frame.iloc[idx].reset_index(drop=True)
+            yield key, frame.iloc[idx].reset_index(drop=True)
+
+    def _process_rows(self, processor: StatefulProcessor, handle: StatefulProcessorHandle, rows: pa.Table,
+                      timer_values: TimerValues, outputs: list[pa.Table]) -> None:
+        user_columns = [c for c in rows.column_names if c not in (KEY_GROUP_COL, MARKER_COL, SUBTASK_COL)]
+        frame = rows.select(user_columns).to_pandas()
+        for key, key_rows in self._by_key(handle, rows, frame):
             try:
                 self._collect(processor.handle_input_rows(key, key_rows, timer_values), outputs)
             except Exception as e:  # the one-line failure summary names the key and a record

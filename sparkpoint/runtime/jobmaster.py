@@ -803,7 +803,7 @@ class JobMaster:
                              self.faults.sync_failures(checkpoint_id, self.step_participants(node.name)),
                              savepoint_to=savepoint_to,
                              epoch_input=EpochInput(lineages.generation, slice_identity(joined.start, joined.end)),
-                             memory=self.state_memory)
+                             memory=self.state_memory, initial_state=node.name in self.restorer.fresh_steps)
 
         # 3.
         result = run_graph_epoch(self._spark, self.graph, epoch, lambda node: self.sources[node.name].read(plans[node.name]),

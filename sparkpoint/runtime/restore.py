@@ -140,6 +140,9 @@ class Restorer:
         self.restored_external: str | None = None  # the savepoint restored, for the restore statistics
         self.restoring = False
         self.bad_checkpoints: dict[int, str] = {}
+        # Steps that start on empty state (a fresh start, or new in the graph): their first
+        # epoch applies their initial state (a processor's initial_state), once.
+        self.fresh_steps: set[str] = set()
 
     @property
     def lineages_of(self) -> Mapping[str, Lineages]:
@@ -186,6 +189,7 @@ class Restorer:
         self.gateway.set_restoring([])
         for lineages in self.lineages_of.values():
             lineages.reset_empty()
+        self.fresh_steps = set(self.lineages_of)
         self.position.start_fresh(lambda name: self.sources[name].initial_positions())
         self.restored_from = None
         self.restored_external = None
@@ -256,6 +260,7 @@ class Restorer:
             for name in self.lineages_of:
                 if by_step.get(name):
                     self.state_schemas.check_restore(name, by_step[name], what)
+        self.fresh_steps = {name for name in self.lineages_of if not by_step.get(name)}
         for name, lineages in self.lineages_of.items():
             old = by_step.get(name)
             if not old:  # a step new in the graph starts empty
@@ -314,7 +319,9 @@ class Restorer:
             f"--allow-non-restored-state (execution.savepoint.ignore-unclaimed-state=true)")
 
     def first_epoch_done(self) -> None:
-        """The first epoch after a restore is done: every subtask holds its state."""
+        """The first epoch after a restore is done: every subtask holds its state (and a
+        step that started empty, its initial state)."""
+        self.fresh_steps = set()
         if self.restoring:
             self.restoring = False
             self.gateway.set_restoring([])
