@@ -313,6 +313,7 @@ class StatefulProcessorHandle:
         self._time_mode = time_mode
         self._current = _CurrentKey(processing_time_ms)
         self._declared: dict[str, str] = {}
+        self.has_ttl = False  # some state was declared with a time to live
 
     # -- state variables -----------------------------------------------------------------
     def getValueState(self, stateName: str, schema: SchemaLike, ttlDurationMs: int | None = None) -> ValueState:
@@ -343,6 +344,7 @@ class StatefulProcessorHandle:
             ttl_ms = duration_ms(ttl_duration, what)
             if ttl_ms <= 0:
                 raise ConfigError(f"{what} is {ttl_duration!r}; a time to live must be positive (or None: no TTL)")
+            self.has_ttl = True
         # Each kind has its own namespace: changing a state's kind never misreads old bytes.
         return namespace(f"{kind}:{name}"), ttl_ms
 
@@ -480,9 +482,11 @@ class ProcessorOperator(StatefulOperator):
             self._fire_timers(processor, handle, ctx, timer_values, outputs)
         finally:
             processor.close()
-        # As Spark does at the end of a batch: what expired by this epoch's processing time leaves the store.
-        ttl.purge_expired(store, key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism),
-                          ctx.processing_time_ms)
+        # As Spark does at the end of a batch: what expired by this epoch's processing time leaves the
+        # store. Only a processor with a TTL pays for the look (one seek per key group).
+        if handle.has_ttl:
+            ttl.purge_expired(store, key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism),
+                              ctx.processing_time_ms)
         return pa.concat_tables(outputs) if outputs else self._output_schema.empty_table()
 
     def _apply_initial_state(self, processor: StatefulProcessor, handle: StatefulProcessorHandle, rows: pa.Table,
