@@ -14,10 +14,10 @@ bytes (map state relies on it for its keys):
     MAP<K, V>                                     a list of [key, value] pairs, in the map's order
     STRUCT<...>                                   a list of the fields' forms, in field order
 
-and decodes to the Python values Spark's `collect()` gives: int, float, str, bool,
-bytes, `decimal.Decimal` (at the declared scale), `datetime.date`, an aware UTC
-`datetime` for TIMESTAMP and a naive one for TIMESTAMP_NTZ, list, dict, and a tuple
-for a struct (as a state row is a tuple).
+and decodes to Python objects, as Spark's `collect()` gives them: int, float, str,
+bool, bytes, `decimal.Decimal` (at the declared scale), `datetime.date`, an aware UTC
+`datetime` for TIMESTAMP (collect: naive, local) and a naive one for TIMESTAMP_NTZ,
+list, dict, and a tuple for a struct (as a state row is a tuple).
 
 A schema may be declared as a `pyarrow.Schema`, a Spark DDL string
 ("count BIGINT, total DECIMAL(12, 2)") or a `pyspark.sql.types.StructType` (duck-typed,
