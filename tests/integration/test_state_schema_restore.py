@@ -6,6 +6,8 @@ the recorded schema alone, without the operator object."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -18,7 +20,7 @@ from sparkpoint.runtime.state_source import SCHEMA_KEY
 from sparkpoint.runtime.status import JobStatus
 from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.layout import JobLayout
-from sparkpoint.storage.metadata import read_completed
+from sparkpoint.storage.metadata import encode, read_completed
 
 pytestmark = pytest.mark.spark
 JOB = "schema-evolution"
@@ -54,11 +56,15 @@ def run(spark, tmp_path, schema: str, total: int) -> JobMaster:
     return JobMaster(pipeline, settings, spark=spark)
 
 
-def latest_handles(tmp_path) -> dict:
+def completed(tmp_path) -> list:
     fs = StorageFS.from_url(str(tmp_path / "chk" / JOB))
     layout = JobLayout(fs.root)
     ids = sorted(int(p.name[4:]) for p in (tmp_path / "chk" / JOB).glob("chk-*"))
-    return next(d for d in (read_completed(fs, layout, i) for i in reversed(ids)) if d is not None).handles
+    return [d for d in (read_completed(fs, layout, i) for i in ids) if d is not None]
+
+
+def latest_handles(tmp_path) -> dict:
+    return completed(tmp_path)[-1].handles
 
 
 def events(spark, total: int) -> pd.DataFrame:
@@ -97,3 +103,22 @@ def test_compatible_changes_restore_and_an_incompatible_one_stops_the_job_in_one
         last = int(later["ts"].max()) if len(later) else None  # a key the second run never saw keeps null
         expected[key] = (len(group), int(group["value"].sum()), last)
     assert got == expected
+
+
+def test_a_checkpoint_that_records_no_schema_restores_unchecked(spark, tmp_path):
+    """Taken by a sparkpoint that did not record schemas yet: its _metadata is rewritten
+    here without them (checksum and all, as that version wrote it)."""
+    assert run(spark, tmp_path, "n INT, total BIGINT", FIRST).run().status == JobStatus.FINISHED
+    for data in completed(tmp_path):
+        handles = {p: {k: v for k, v in h.items() if k != SCHEMA_KEY} for p, h in data.handles.items()}
+        (tmp_path / "chk" / JOB / f"chk-{data.checkpoint_id}" / "_metadata").write_bytes(
+            encode(dataclasses.replace(data, handles=handles)))
+    assert SCHEMA_KEY not in latest_handles(tmp_path)["state:totals/0"]
+
+    resumed = run(spark, tmp_path, "n BIGINT, total BIGINT, last_ts BIGINT", SECOND)
+    assert resumed.run().status == JobStatus.FINISHED
+    assert resumed.restorer.restored_from is not None
+    state = sparkpoint.read_state(spark, str(tmp_path / "chk" / JOB)).toPandas()  # recorded again from then on
+    got = {r.key: (r.totals["n"], r.totals["total"]) for r in state.itertuples()}
+    everything = events(spark, SECOND)
+    assert got == {k: (len(g), int(g["value"].sum())) for k, g in everything.groupby("key")}
