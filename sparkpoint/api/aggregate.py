@@ -119,8 +119,15 @@ def require_key_groups(rows: pa.Table, operator: str) -> None:
 
 # -- the operator ----------------------------------------------------------------------
 class KeyedAggregate(StatefulOperator):
-    """Output columns: the key columns, then the requested `aggs` in the order given
-    (count BIGINT; sum/min/max in `value_type`)."""
+    """Running aggregates per key, in update mode: each epoch, one row per key its rows
+    touched, with the aggregates over all of the key's rows so far.
+
+    `aggs=["count(*) AS n", "count(DISTINCT user) FILTER (WHERE price < 10) AS cheap_users"]`
+    (no `value_column`): any Spark SQL aggregates, several at once over any columns
+    (docs/aggregates.md). Or the one-column form, `value_column="amount", aggs=("count",
+    "sum", "min", "max")`: count BIGINT; sum/min/max in `value_type`.
+
+    Output columns: the key columns, then the aggregates in the order given."""
 
     def __init__(self, name: str, key_columns: Sequence[str], value_column: str | None = None,
                  aggs: Sequence[str] = AGGREGATES, *, value_type: str | pa.DataType = "double",
