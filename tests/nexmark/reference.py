@@ -104,6 +104,19 @@ def q4(e: Events) -> pd.DataFrame:
                          "final": [int(s) // int(n) for s, n in zip(per_category["sum"], per_category["count"])]})
 
 
+def q5(e: Events) -> pd.DataFrame:
+    """Per 10 s window every 2 s (HOP), the auctions with the most bids: count(*) per
+    auction and window, joined with the window's max(count) on num >= maxn."""
+    size, slide = pd.Timedelta(seconds=10), pd.Timedelta(seconds=2)
+    rows = []
+    for k in range(size // slide):  # a bid at t is in the windows starting at floor(t, slide) - k * slide
+        start = e.bid.dateTime.dt.floor(slide) - k * slide
+        rows.append(pd.DataFrame({"auction": e.bid.auction, "start": start}))
+    counts = pd.concat(rows).groupby(["start", "auction"]).size().rename("num").reset_index()
+    maxn = counts.groupby("start").num.transform("max")
+    return counts[counts.num >= maxn][["auction", "num"]].reset_index(drop=True)
+
+
 def q7(e: Events) -> pd.DataFrame:
     """The bids that carry the highest price of a 10 s window: bid B JOIN (SELECT
     MAX(price) AS maxprice, window_end AS dateTime FROM TUMBLE(bid, dateTime, 10 s) GROUP BY
@@ -277,6 +290,6 @@ def q19(e: Events) -> pd.DataFrame:
 
 
 QUERIES: dict[str, Callable[[Events], pd.DataFrame]] = {
-    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q7": q7, "q8": q8, "q9": q9, "q10": q10,
+    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8, "q9": q9, "q10": q10,
     "q13": q13, "q14": q14, "q15": q15, "q16": q16, "q17": q17, "q18": q18, "q19": q19, "q20": q20, "q21": q21,
 }
