@@ -9,10 +9,10 @@ import math
 
 import pandas as pd
 import pytest
-from windows_support import (fixed_reference, random_epochs, run_in_tester, session_reference, sliding_windows_of,
-                             stored_entries)
+from windows_support import (cumulate_windows_of, fixed_reference, random_epochs, run_in_tester, session_reference,
+                             sliding_windows_of, stored_entries)
 
-from sparkpoint import SessionWindow, SlidingWindow
+from sparkpoint import CumulateWindow, SessionWindow, SlidingWindow
 from sparkpoint.errors import ConfigError
 from sparkpoint.testing import ProcessorTester
 
@@ -60,6 +60,20 @@ def test_sliding_windows_with_sql_aggregates_equal_the_reference_and_survive_a_r
     assert expected_dropped > 0 and sum(map(len, expected)) > 20
     restored = run_in_tester(step, epochs, DELAY, snapshot_after=3, columns=COLUMNS)
     assert restored[:2] == (out, dropped)
+
+
+@pytest.mark.parametrize("mode", ["final", "update"])
+def test_cumulate_windows_with_sql_aggregates_equal_the_reference(mode: str) -> None:
+    epochs = with_strings(random_epochs(seed=5))
+
+    def step() -> CumulateWindow:
+        return CumulateWindow("today", ["k"], "ts", step=3_000, size=12_000, aggs=AGGS, allowed_lateness=2_000,
+                              output_mode=mode)
+    expected, expected_dropped = fixed_reference(epochs, cumulate_windows_of(3_000, 12_000), DELAY, 2_000, mode,
+                                                 ("v", "s", "cheap"), summarize)
+    out, dropped, _ = run_in_tester(step, epochs, DELAY, snapshot_after=4, columns=COLUMNS)
+    assert out == expected and dropped == expected_dropped
+    assert expected_dropped > 0 and sum(map(len, expected)) > 20
 
 
 @pytest.mark.parametrize("mode", ["final", "update"])
