@@ -25,7 +25,6 @@ _FUNCTIONS = {
 }
 SUPPORTED = sorted(set(_FUNCTIONS) - {"mean", "first_value", "last_value", "array_agg", "approx_percentile"}) \
     + ["count(DISTINCT ...)"]
-_IDENT = re.compile(r"\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)\s*$")
 _COLUMN = re.compile(r"^\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)\s*$")
 _NUMBER = re.compile(r"^\s*[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?[dD]?\s*$")
 
