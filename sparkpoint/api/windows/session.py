@@ -48,7 +48,8 @@ class SessionWindow(WindowOperator):
     last event + gap.
 
     Output: key columns, window_start, window_end (the session's bounds), `aggs`
-    (count, sum, min, max, avg of `value_column`), late. Output modes and lateness as
+    (Spark SQL aggregates, docs/aggregates.md; or count, sum, min, max, avg of
+    `value_column`), late. Output modes and lateness as
     `SlidingWindow`."""
 
     state_namespace = "session"
