@@ -13,7 +13,7 @@ as a real `sparkpoint run` process on the generated input (NEXMARK_INPUT), SIGKI
 processing, and started again until it finishes. The verdict counts rows lost and
 duplicated against the oracle.
 
-Queries whose result updates (q4, q18, q19: a changelog, one row per changed key and
+Queries whose result updates (q4, q15-q17, q18, q19: a changelog, one row per changed key and
 epoch) are compared by their result: per key the row of the latest epoch, as
 tests/nexmark/test_examples.py reads them; a key written twice in one epoch counts as
 duplicated. Every other query appends, so every committed row is a result row.

@@ -107,6 +107,13 @@ class StateSchemaError(SparkpointError):
     the value written."""
 
 
+class IncompatibleStateSchemaError(ConfigError):
+    """The state a checkpoint holds was declared in a way the pipeline's processor can
+    no longer read (a dropped or retyped field, a state that changed kind). Raised at
+    restore, before anything runs; the message names the step, the state, the field
+    and what to do."""
+
+
 class KafkaConnectorError(SparkpointError):
     """A Kafka source or sink could not do its job (broker unreachable past the
     timeout, topic missing, data removed by retention). The message names the topic

@@ -1,4 +1,11 @@
-"""`KeyedAggregate`: running count / sum / min / max of one value column per key.
+"""`KeyedAggregate`: running aggregates per key, in update mode.
+
+Two ways to name the aggregates:
+  - `aggs=["count(*) AS bids", "count(DISTINCT bidder) FILTER (WHERE price < 10) AS n"]`:
+    any of the aggregates of aggfuncs/ (Spark SQL, several at once, over any columns);
+    see sql_aggregate.py;
+  - `value_column="amount", aggs=("count", "sum", "min", "max")`: count / sum / min /
+    max of one numeric column, below.
 
 Per epoch, Spark reduces the epoch's rows to one partial per key (`pre_aggregate`);
 each subtask then merges its partials into state with one multi-get, a numpy merge
@@ -17,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkpoint.api.sql_aggregate import SqlAggregate
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.codec import FixedWidthCodec, parse_schema
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
@@ -111,12 +119,28 @@ def require_key_groups(rows: pa.Table, operator: str) -> None:
 
 # -- the operator ----------------------------------------------------------------------
 class KeyedAggregate(StatefulOperator):
-    """Output columns: the key columns, then the requested `aggs` in the order given
-    (count BIGINT; sum/min/max in `value_type`)."""
+    """Running aggregates per key, in update mode: each epoch, one row per key its rows
+    touched, with the aggregates over all of the key's rows so far.
 
-    def __init__(self, name: str, key_columns: Sequence[str], value_column: str,
+    `aggs=["count(*) AS n", "count(DISTINCT user) FILTER (WHERE price < 10) AS cheap_users"]`
+    (no `value_column`): any Spark SQL aggregates, several at once over any columns
+    (docs/aggregates.md). Or the one-column form, `value_column="amount", aggs=("count",
+    "sum", "min", "max")`: count BIGINT; sum/min/max in `value_type`.
+
+    Output columns: the key columns, then the aggregates in the order given."""
+
+    def __init__(self, name: str, key_columns: Sequence[str], value_column: str | None = None,
                  aggs: Sequence[str] = AGGREGATES, *, value_type: str | pa.DataType = "double",
                  key_schema: Any = None):
+        self.sql: SqlAggregate | None = None
+        if value_column is None:
+            self.name = name
+            self.key_columns = list(key_columns)
+            self.value_column = None
+            self.keys = KeySchema(name, key_columns, key_schema)
+            self.sql = SqlAggregate(f"KeyedAggregate {name!r}", self.keys, aggs)
+            self.aggs = self.sql.aggs.names
+            return
         unknown = [a for a in aggs if a not in AGGREGATES]
         if unknown or not aggs:
             raise ConfigError(f"KeyedAggregate {name!r}: aggs {list(aggs)} must be a non-empty subset "
@@ -138,15 +162,21 @@ class KeyedAggregate(StatefulOperator):
 
     def resolve_input_schema(self, schema: pa.Schema) -> None:
         self.keys.resolve(schema)
+        if self.sql is not None:
+            self.sql.resolve_input_schema(schema)
 
     @property
     def output_schema(self) -> pa.Schema:
+        if self.sql is not None:
+            return self.sql.output_schema
         types = {"count": pa.int64(), "sum": self.value_type, "min": self.value_type, "max": self.value_type}
         return pa.schema([*self.keys.fields(), *[pa.field(a, types[a]) for a in self.aggs]])
 
     def pre_aggregate(self, df, carry=()):
         from pyspark.sql import functions as F
 
+        if self.sql is not None:
+            return self.sql.pre_aggregate(df, carry)
         v = F.col(self.value_column).cast("double" if pa.types.is_floating(self.value_type) else "bigint")
         # Only the partials the declared aggs need go through the shuffle (W1's count and
         # sum: 3 columns instead of 5, and 2 fewer aggregate functions per input row).
@@ -161,6 +191,8 @@ class KeyedAggregate(StatefulOperator):
         return df.groupBy(*self.key_columns).agg(*partial, *carry)
 
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
+        if self.sql is not None:
+            return self.sql.apply(store, rows)
         self.keys.ensure(store, rows)
         self._check_tracked(store)
         if rows.num_rows == 0:

@@ -69,6 +69,9 @@ def describe(operator: Any) -> OperatorStateSchema:
                               "operator object (operator=...)")
         raise ConfigError("the pipeline has no stateful step, so it keeps no keyed state to read")
     key_schema = _known_key_schema(op)
+    if getattr(op, "sql", None) is not None or getattr(getattr(op, "aggregates", None), "sql", None) is not None:
+        raise ConfigError(f"step {op.name!r} computes Spark SQL aggregates: the state reader does not read the state "
+                          "of Spark SQL aggregates yet; read the step's output instead")
     if isinstance(op, KeyedAggregate):
         return OperatorStateSchema(op.name, "aggregate", tuple(op.key_columns), key_schema, aggs=op.aggs,
                                    value_type=_value_type_name(op.value_type))

@@ -74,7 +74,8 @@ class TumblingWindow(StatefulOperator):
                               f"(got {self.size_ms} ms, {self.allowed_lateness_ms} ms)")
         if tuple(aggs) not in (("count",), ("count", "sum")):
             raise ConfigError(f"TumblingWindow {name!r}: aggs must be ('count',) or ('count', 'sum'), "
-                              f"got {tuple(aggs)}")
+                              f"got {tuple(aggs)}; for other aggregates (any Spark SQL aggregate) use "
+                              "SlidingWindow with slide equal to size")
         if "sum" in aggs and value_column is None:
             raise ConfigError(f"TumblingWindow {name!r}: aggs include 'sum' but value_column is not set")
         clash = [c for c in key_columns if c in (WINDOW_START, WINDOW_END, "count", "sum")]

@@ -41,6 +41,17 @@ Commit protocol (each step idempotent; what a crash at each step leaves):
      that same transaction, so the checkpoints that produce those epochs again commit;
      then deletes every data file of this layout that no active `add` names.
      `recover(None)` (a fresh start) withdraws everything of this layout and records txn 0.
+
+Merge by key (`merge_keys`): steps 1-4 are the same (each task writes its last row per
+key). Step 5 reads the handle's files of epochs the table does not hold yet, in epoch,
+task, row order, keeps the last row per key (delta_merge.py) and merges them with ONE
+`MERGE` (or, first, the table's creation) that carries txn(app, cid) and
+txn(app + "/next-epoch", last_epoch + 1). The second record is what lets a handle that
+names epochs an earlier commit merged skip them: merging an epoch again would put an
+older row back over a newer one. The merged staged files are deleted afterwards. Merged
+rows cannot be withdrawn file by file, so `recover` first rewinds a table that holds
+epochs after the restored checkpoint: Delta RESTORE to its latest version that holds
+none (or emptied), recording both txn versions in that commit, then merges the handle.
 """
 
 from __future__ import annotations
@@ -54,13 +65,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sparkpoint.connectors.base import EpochWriter, Sink
+from sparkpoint.connectors.delta_merge import check_merge_keys, last_per_key, merge_predicate
 from sparkpoint.connectors.parquet_sink import resolve_output_url
 from sparkpoint.errors import ConfigError, CorruptCheckpointError, StorageError
 from sparkpoint.storage.fs import StorageFS, fsync_dir
@@ -111,13 +123,19 @@ def _for_delta(rows: pa.Table) -> pa.Table:
 class DeltaEpochWriter(EpochWriter):
     """Runs on executors: writes one task's rows of one epoch as one Parquet data file in
     the table directory, under a name unique to the attempt, durable before `write`
-    returns. Invisible to readers until the driver's commit adds it to the log."""
+    returns. Invisible to readers until the driver's commit adds it to the log. With
+    `merge_keys`, only the task's last row per key is written (the others would be
+    replaced in the same commit anyway)."""
 
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict)
     compression: str = "snappy"
+    merge_keys: tuple[str, ...] = ()
+    sink: str = "delta"
 
     def write(self, epoch: int, part: int, rows: pa.Table) -> list[dict[str, Any]]:
+        if self.merge_keys:
+            rows = last_per_key(self.sink, rows, self.merge_keys)
         if rows.num_rows == 0:
             return []
         rows = _for_delta(rows)
@@ -187,18 +205,23 @@ def translate_storage_options(protocol: str, storage_options: Mapping[str, Any])
 
 
 class DeltaSink(Sink):
-    read_hint = "read it with deltalake.DeltaTable(...) or spark.read.format('delta'): committed versions only"
     """`path`: a local directory or `s3://bucket/prefix`, the Delta table's root (created
     on the first commit with the output's schema, or an existing table with the same
     columns). `storage_options`: s3fs options for the executors' data files; translated
     for delta-rs unless `delta_storage_options` is given. `app_id`: the Delta application
-    transaction id (default: the job name)."""
+    transaction id (default: the job name). `merge_keys`: the output's key columns; each
+    checkpoint's rows are then merged into the table by these columns (update a row with
+    the same key, insert the others; the last row of a key wins), so the table holds one
+    row per key. Without it every row is appended."""
+
+    read_hint = "read it with deltalake.DeltaTable(...) or spark.read.format('delta'): committed versions only"
 
     def __init__(self, path: str | os.PathLike, name: str = "delta", storage_options: dict[str, Any] | None = None,
                  delta_storage_options: dict[str, str] | None = None, app_id: str | None = None,
-                 compression: str = "snappy"):
+                 compression: str = "snappy", merge_keys: Sequence[str] | None = None):
         self.path = resolve_output_url(path)
         self.name = name
+        self.merge_keys = check_merge_keys(name, merge_keys)
         self.storage_options = dict(storage_options or {})
         self.compression = compression
         self._storage = StorageFS.from_url(self.path, storage_options=dict(self.storage_options))
@@ -244,7 +267,8 @@ class DeltaSink(Sink):
             self._storage.makedirs(self.root)
 
     def epoch_writer(self) -> DeltaEpochWriter:
-        return DeltaEpochWriter(self.path, dict(self.storage_options), self.compression)
+        return DeltaEpochWriter(self.path, dict(self.storage_options), self.compression, self.merge_keys or (),
+                                self.name)
 
     def _app(self) -> str:
         if not self.app_id:
@@ -276,7 +300,10 @@ class DeltaSink(Sink):
     def commit(self, handle: Mapping[str, Any]) -> None:
         files, last, cid = _validate_handle(handle)
         with self._commit_lock:
-            self._commit(files, cid, last, verify_sha256=False)
+            if self.merge_keys:
+                self._merge(files, cid, last, verify_sha256=False)
+            else:
+                self._commit(files, cid, last, verify_sha256=False)
             self._forget(files, last)
 
     def recover(self, handle: Mapping[str, Any] | None) -> None:
@@ -284,11 +311,18 @@ class DeltaSink(Sink):
         after it, delete every data file no commit names. Raises CorruptCheckpointError
         (naming the file) if a file of the restored checkpoint is missing or corrupt."""
         with self._commit_lock:
-            last, cid = -1, 0
+            files, last, cid = [], -1, 0
             if handle:
                 files, last, cid = _validate_handle(handle)
-                self._commit(files, cid, last, verify_sha256=self._storage.is_local)
-            self._withdraw_after(last, cid)
+            self._check_mode()
+            if self.merge_keys:
+                # Rewind first: merged rows of later epochs cannot be taken out file by file.
+                self._rewind_merged(last, cid)
+                self._merge(files, cid, last, verify_sha256=self._storage.is_local)
+            else:
+                if handle:
+                    self._commit(files, cid, last, verify_sha256=self._storage.is_local)
+                self._withdraw_after(last, cid)
             self._delete_orphans()
         with self._lock:
             self._staged.clear()
@@ -359,6 +393,180 @@ class DeltaSink(Sink):
             return
         raise StorageError(f"sink {self.name}: could not create Delta table {self.table_uri}: it keeps appearing "
                            f"and disappearing")
+
+    # -- merge by key ---------------------------------------------------------------------
+    def _check_mode(self) -> None:
+        """A table this job appended to is not merged into, nor the other way round: the
+        two keep different records of what is committed, and a restore across the switch
+        would merge appended epochs again (or append merged ones)."""
+        table = self._load()
+        if table is None:
+            return
+        merged = table.transaction_version(self._epochs_app()) is not None
+        if self.merge_keys and not merged and any(_DATA_FILE.match(p) for p in self._active(table)):
+            raise ConfigError(f"sink {self.name}: Delta table {self.table_uri} holds rows job {self._app()} appended "
+                              f"(a DeltaSink without merge_keys); merging into it would count them twice. Write "
+                              f"the merged output to a new table path, or drop merge_keys")
+        if not self.merge_keys and merged:
+            raise ConfigError(f"sink {self.name}: Delta table {self.table_uri} holds rows job {self._app()} merged "
+                              f"by key (merge_keys); appending to it would mix the two. Pass the same merge_keys "
+                              f"again, or write to a new table path")
+
+    def _epochs_app(self) -> str:
+        """The second application id of a merging sink: its version is the first epoch not
+        merged yet. Delta's txn records are per app id, so both records travel in the one
+        commit that merges the rows."""
+        return f"{self._app()}/next-epoch"
+
+    def _next_epoch(self, table: Any) -> int:
+        return 0 if table is None else int(table.transaction_version(self._epochs_app()) or 0)
+
+    def _merge_properties(self, cid: int, next_epoch: int, **metadata: Any):
+        from deltalake.transaction import CommitProperties, Transaction
+
+        return CommitProperties(app_transactions=[Transaction(self._app(), cid),
+                                                  Transaction(self._epochs_app(), next_epoch)],
+                                custom_metadata={**metadata, "sparkpoint.sink": self.name})
+
+    def _merge(self, files: list[dict[str, Any]], cid: int, last_epoch: int, verify_sha256: bool) -> None:
+        """Merge the handle's epochs that the table does not hold yet, in ONE Delta commit
+        (a MERGE, or the table's creation) that also records txn(app, cid) and the next
+        epoch to merge. A handle can name epochs an earlier checkpoint merged already (it
+        was pre-committed before that commit ran); those are skipped, not merged again:
+        their rows would undo later updates of the same keys."""
+        from deltalake import write_deltalake
+        from deltalake.exceptions import DeltaError
+
+        app = self._app()
+        for attempt in range(3):
+            table = self._load()
+            if table is not None:
+                done = table.transaction_version(app)
+                if done is not None and done >= cid:
+                    log.debug("sink %s: checkpoint %d is merged (txn %s of %s)", self.name, cid, done, app)
+                    return
+            first = self._next_epoch(table)
+            pending = [f for f in files if f["epoch"] >= first]
+            if not pending:
+                return
+            for f in pending:
+                self._check_file(f, cid, verify_sha256)
+            if table is None:
+                self._delta_schema_of(pending)
+            else:
+                self._check_schema(table, pending)
+            updates = self._read_updates(pending)
+            props = self._merge_properties(cid, last_epoch + 1, **{"sparkpoint.checkpoint": cid,
+                                                                   "sparkpoint.lastEpoch": last_epoch})
+            try:
+                if table is None:
+                    write_deltalake(self.table_uri, updates, mode="error", storage_options=self._delta_options or None,
+                                    commit_properties=props)
+                    metrics = {"num_target_rows_inserted": updates.num_rows}
+                else:
+                    metrics = (table.merge(updates, merge_predicate(self.merge_keys), source_alias="source",
+                                           target_alias="target", commit_properties=props)
+                               .when_matched_update_all().when_not_matched_insert_all().execute())
+            except (ConfigError, CorruptCheckpointError):
+                raise
+            except Exception as e:
+                self._table = None
+                if table is None and isinstance(e, DeltaError) and "already exists" in str(e) and attempt < 2:
+                    continue
+                raise StorageError(f"sink {self.name}: merging checkpoint {cid} into Delta table {self.table_uri} "
+                                   f"failed: {type(e).__name__}: {e}") from e
+            log.info("sink %s: merged %d row(s) of epochs %d..%d (checkpoint %d) into Delta table %s by %s: %s "
+                     "updated, %s inserted (txn %s=%d)", self.name, updates.num_rows, first, last_epoch, cid,
+                     self.table_uri, list(self.merge_keys), metrics.get("num_target_rows_updated", 0),
+                     metrics.get("num_target_rows_inserted", 0), app, cid)
+            return
+        raise StorageError(f"sink {self.name}: could not create Delta table {self.table_uri}: it keeps appearing "
+                           f"and disappearing")
+
+    def _read_updates(self, files: list[dict[str, Any]]) -> pa.Table:
+        """The staged rows in the order they were written (epoch, task, row), one per key."""
+        tables = []
+        for f in sorted(files, key=lambda f: (f["epoch"], f["part"], f["path"])):
+            with self._storage.fs.open(self._abs(f["path"]), "rb") as fh:
+                tables.append(pq.read_table(fh).replace_schema_metadata(None))
+        rows = pa.concat_tables(tables, promote_options="default")
+        return last_per_key(self.name, rows, self.merge_keys)
+
+    def _rewind_merged(self, last_epoch: int, cid: int) -> None:
+        """On restore: bring the table back to what checkpoint `cid` (epochs up to
+        `last_epoch`) produced, when it holds rows of later epochs (a restore that fell
+        back past a corrupt checkpoint whose output was merged, or a fresh start). Merged
+        rows cannot be withdrawn file by file, so the table is restored (Delta RESTORE) to
+        its latest version that holds no later epoch, or emptied when none does; the same
+        commit records the txn and the next epoch to merge, so the handle's epochs not in
+        that version are merged again, and later checkpoints are not mistaken for merged."""
+        from deltalake.transaction import RemoveAction
+
+        app = self._app()
+        table = self._load()
+        if table is None:
+            return
+        held, recorded = self._next_epoch(table), table.transaction_version(app)
+        if held <= last_epoch + 1:
+            wanted = cid if held == last_epoch + 1 else max(cid - 1, 0)
+            if recorded is not None and recorded > wanted:
+                self._record_merged(table, [], wanted, held, last_epoch)
+            return
+        version, held = self._version_holding_epochs_before(table, last_epoch + 1)
+        wanted = cid if held == last_epoch + 1 else max(cid - 1, 0)
+        if version is None:
+            drop = self._active(table)
+            log.warning("sink %s: emptying Delta table %s: it holds merged rows of epochs up to %d, after the restored "
+                        "point (epoch %d); those epochs are produced again", self.name, self.table_uri,
+                        self._next_epoch(table) - 1, last_epoch)
+            now = int(time.time() * 1000)
+            self._record_merged(table, [RemoveAction(p, True, now, size, {}) for p, size in sorted(drop.items())],
+                                wanted, 0, last_epoch)
+            return
+        log.warning("sink %s: restoring Delta table %s to version %d (merged epochs before %d): it holds merged rows "
+                    "of epochs after the restored point (epoch %d); those epochs are produced again", self.name,
+                    self.table_uri, version, held, last_epoch)
+        props = self._merge_properties(wanted, held, **{"sparkpoint.restoredCheckpoint": cid,
+                                                        "sparkpoint.lastEpoch": last_epoch})
+        try:
+            table.restore(version, commit_properties=props)
+        except Exception as e:
+            self._table = None
+            raise StorageError(f"sink {self.name}: restoring Delta table {self.table_uri} to version {version}, the "
+                               f"last before epoch {last_epoch + 1} was merged, failed: {type(e).__name__}: {e}. If "
+                               f"its data files were vacuumed, the table cannot go back: write to a new table path "
+                               f"and start the job with restore.mode=empty") from e
+
+    def _version_holding_epochs_before(self, table: Any, next_epoch: int) -> tuple[int | None, int]:
+        """The latest table version whose merged epochs all come before `next_epoch`, and
+        its next epoch; (None, 0) if every version holds later epochs."""
+        deltalake = _deltalake()
+        past = deltalake.DeltaTable(self.table_uri, storage_options=self._delta_options or None)
+        for version in range(table.version() - 1, -1, -1):
+            try:
+                past.load_as_version(version)
+            except Exception as e:
+                if next_epoch == 0:
+                    # A fresh start withdraws everything the job merged: no old version needed.
+                    log.info("sink %s: version %d of Delta table %s cannot be read (%s); emptying the table",
+                             self.name, version, self.table_uri, e)
+                    return None, 0
+                raise StorageError(f"sink {self.name}: reading version {version} of Delta table {self.table_uri} "
+                                   f"to rewind it failed: {type(e).__name__}: {e}") from e
+            held = self._next_epoch(past)
+            if held <= next_epoch:
+                return version, held
+        return None, 0
+
+    def _record_merged(self, table: Any, actions: list[Any], cid: int, next_epoch: int, last_epoch: int) -> None:
+        props = self._merge_properties(cid, next_epoch, **{"sparkpoint.restoredCheckpoint": cid,
+                                                           "sparkpoint.lastEpoch": last_epoch})
+        try:
+            table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=props)
+        except Exception as e:
+            self._table = None
+            raise StorageError(f"sink {self.name}: rewinding Delta table {self.table_uri} to epoch {last_epoch} "
+                               f"failed: {type(e).__name__}: {e}") from e
 
     def _check_file(self, f: dict[str, Any], cid: int, verify_sha256: bool) -> None:
         path = self._abs(f["path"])
@@ -478,7 +686,8 @@ class DeltaSink(Sink):
         with self._lock:
             for path in [p for p, f in self._staged.items() if f["epoch"] <= last_epoch]:
                 del self._staged[path]
-        keep = {f["path"] for f in files}
+        # A merged file's rows are in the table's own files now: none is kept.
+        keep = set() if self.merge_keys else {f["path"] for f in files}
         try:
             for epoch in sorted({f["epoch"] for f in files}):
                 directory = epoch_dir(epoch)
@@ -486,6 +695,11 @@ class DeltaSink(Sink):
                     relative = f"{directory}/{file}"
                     if _DATA_FILE.match(relative) and relative not in keep:
                         self._storage.rm(self._abs(relative))
+                if self.merge_keys and self._storage.is_local:
+                    try:
+                        os.rmdir(self._abs(directory))
+                    except OSError:
+                        pass
         except Exception as e:
             log.warning("sink %s: could not clean up losing task attempts up to epoch %d: %s", self.name,
                         last_epoch, e)
@@ -496,6 +710,8 @@ class DeltaSink(Sink):
         return sorted(self._active(self._load()))
 
     def committed_epochs(self) -> list[int]:
+        if self.merge_keys:
+            return list(range(self._next_epoch(self._load())))
         return sorted({e for p in self._active(self._load()) if (e := _epoch_of(p)) is not None})
 
     def transaction_version(self) -> int | None:

@@ -68,6 +68,7 @@ from sparkpoint.runtime.participants import all_participants, sink_participant, 
     state_participant, step_participants
 from sparkpoint.runtime.savepoints import SavepointControl, StopEpochs, StopOutcome, StopRequest, savepoint_path
 from sparkpoint.runtime.snapshots import Committer, Snapshotter, live_state_handles
+from sparkpoint.runtime.state_schemas import StateSchemas
 from sparkpoint.runtime.spark import await_executors, create_session, is_local, master_to_create, session_master
 from sparkpoint.runtime.graph import EventTimes, JobGraph
 from sparkpoint.runtime.graph_epoch import run_graph_epoch
@@ -275,9 +276,10 @@ class JobMaster:
         # The epoch sequence's collaborators (docs/runtime.md): acks at the barrier, commits once complete.
         self.committer = Committer(self.job_name, self.storage, self.coordinator, self.gateway, self.sources,
                                    self.sinks, self.lineages_of, self.epoch_plans)
+        self.state_schemas = StateSchemas(self.operators)
         self.snapshotter = Snapshotter(self.coordinator, self.gateway, self.faults, self.position, self.epoch_plans,
                                        self.sinks, self.lineages_of, s.storage_options,
-                                       ack_at_epoch_end=self._ack_at_epoch_end)
+                                       ack_at_epoch_end=self._ack_at_epoch_end, state_schemas=self.state_schemas)
         if s.alarm_webhook:
             from sparkpoint.checkpoint.alarms import WebhookAlarmListener
             self.coordinator.alarms.register(WebhookAlarmListener(s.alarm_webhook))
@@ -316,7 +318,8 @@ class JobMaster:
                              s.max_parallelism, self.job_name, self.progress.announce)
         self.restorer = Restorer(job_name=self.job_name, settings=s, storage=self.storage, gateway=self.gateway,
                                  position=self.position, epoch_plans=self.epoch_plans, sources=self.sources,
-                                 sinks=self.sinks, state=state, faults=self.faults, announce=self.progress.announce)
+                                 sinks=self.sinks, state=state, faults=self.faults, announce=self.progress.announce,
+                                 state_schemas=self.state_schemas)
         self.writers = {name: sink.epoch_writer() for name, sink in self.sinks.items()}
         for name, sink in self.sinks.items():
             # Sinks that stage rows durably between pre-commit and commit (Kafka) keep them
@@ -800,7 +803,7 @@ class JobMaster:
                              self.faults.sync_failures(checkpoint_id, self.step_participants(node.name)),
                              savepoint_to=savepoint_to,
                              epoch_input=EpochInput(lineages.generation, slice_identity(joined.start, joined.end)),
-                             memory=self.state_memory)
+                             memory=self.state_memory, initial_state=node.name in self.restorer.fresh_steps)
 
         # 3.
         result = run_graph_epoch(self._spark, self.graph, epoch, lambda node: self.sources[node.name].read(plans[node.name]),

@@ -123,7 +123,7 @@ class Restorer:
 
     def __init__(self, *, job_name: str, settings: Any, storage: Any, gateway: Any, position: JobPosition,
                  epoch_plans: EpochReplay, sources: Mapping[str, Any], sinks: Mapping[str, Any],
-                 state: StateRestore, faults: Any, announce: Callable[[str], None]):
+                 state: StateRestore, faults: Any, announce: Callable[[str], None], state_schemas: Any = None):
         self.job_name = job_name
         self.settings = settings
         self.storage = storage
@@ -135,10 +135,14 @@ class Restorer:
         self.state = state
         self.faults = faults
         self.announce = announce
+        self.state_schemas = state_schemas  # checks each step's recorded state schema against the pipeline's
         self.restored_from: int | None = None
         self.restored_external: str | None = None  # the savepoint restored, for the restore statistics
         self.restoring = False
         self.bad_checkpoints: dict[int, str] = {}
+        # Steps that start on empty state (a fresh start, or new in the graph): their first
+        # epoch applies their initial state (a processor's initial_state), once.
+        self.fresh_steps: set[str] = set()
 
     @property
     def lineages_of(self) -> Mapping[str, Lineages]:
@@ -185,6 +189,7 @@ class Restorer:
         self.gateway.set_restoring([])
         for lineages in self.lineages_of.values():
             lineages.reset_empty()
+        self.fresh_steps = set(self.lineages_of)
         self.position.start_fresh(lambda name: self.sources[name].initial_positions())
         self.restored_from = None
         self.restored_external = None
@@ -251,6 +256,11 @@ class Restorer:
         what = f"savepoint {savepoint}" if savepoint else f"checkpoint {data.checkpoint_id}"
         by_step = state_by_step(handles)
         self._check_step_identity(by_step, what)
+        if self.state_schemas is not None:  # every step before any: a refusal leaves nothing half restored
+            for name in self.lineages_of:
+                if by_step.get(name):
+                    self.state_schemas.check_restore(name, by_step[name], what)
+        self.fresh_steps = {name for name in self.lineages_of if not by_step.get(name)}
         for name, lineages in self.lineages_of.items():
             old = by_step.get(name)
             if not old:  # a step new in the graph starts empty
@@ -309,7 +319,9 @@ class Restorer:
             f"--allow-non-restored-state (execution.savepoint.ignore-unclaimed-state=true)")
 
     def first_epoch_done(self) -> None:
-        """The first epoch after a restore is done: every subtask holds its state."""
+        """The first epoch after a restore is done: every subtask holds its state (and a
+        step that started empty, its initial state)."""
+        self.fresh_steps = set()
         if self.restoring:
             self.restoring = False
             self.gateway.set_restoring([])

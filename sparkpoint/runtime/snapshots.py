@@ -55,7 +55,8 @@ class Snapshotter:
 
     def __init__(self, coordinator: Any, gateway: RuntimeGateway, faults: Any, position: JobPosition,
                  epoch_plans: EpochReplay, sinks: Mapping[str, Any], lineages_of: Mapping[str, Lineages],
-                 storage_options: Mapping[str, Any], *, ack_at_epoch_end: bool = True):
+                 storage_options: Mapping[str, Any], *, ack_at_epoch_end: bool = True,
+                 state_schemas: Any = None):
         self.coordinator = coordinator
         self.gateway = gateway
         self.faults = faults
@@ -69,6 +70,7 @@ class Snapshotter:
         # they were triggered in (`at_epoch_end`).
         self.ack_at_epoch_end = ack_at_epoch_end
         self.previous_barrier_epoch = -1  # for the bytes a checkpoint added to storage
+        self.state_schemas = state_schemas  # each step's declared schema, recorded in its handles
 
     # -- before the epoch ----------------------------------------------------------------
     def take_barriers(self) -> Barriers:
@@ -169,6 +171,8 @@ class Snapshotter:
                 c.decline(checkpoint_id, participant, CheckpointFailureReason.TASK_ASYNC_FAILURE,
                           StorageError(why_not))
                 continue
+            if self.state_schemas is not None and subtask == 0:  # once per step keeps _metadata small
+                handle = self.state_schemas.with_schema(step, handle)
             self._ack_state(checkpoint_id, participant, handle)
 
     def _ack_state(self, checkpoint_id: int, participant: str, handle: dict) -> None:

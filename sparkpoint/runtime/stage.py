@@ -147,6 +147,8 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     op.resolve_input_schema(arrow_schema(df.schema, _session_time_zone(spark)))
     keys = [F.col(c) for c in op.key_columns]
     pre, obs = _pre_aggregate_counting(op, df, event_time_column, epoch)
+    if task.initial_state and getattr(op, "initial_state", None) is not None:
+        pre = pre.unionByName(_initial_state_rows(spark, op, pre), allowMissingColumns=True)
     kg = F.pmod(F.xxhash64(*keys), F.lit(task.max_parallelism)).cast("int")
     pre = pre.withColumn(KEY_GROUP_COL, kg)
     subtask = F.floor(F.col(KEY_GROUP_COL) * task.parallelism / task.max_parallelism).cast("int")
@@ -194,6 +196,24 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
         {r[META_SUBTASK]: r[META_MS] for r in meta},
         infos, [h for i in sorted(infos) for h in infos[i].get("sink", [])],
     )
+
+
+def _initial_state_rows(spark, op, pre):
+    """The operator's initial state as rows of its first epoch: the key columns (in the
+    input's types), the initial row as one struct column, counted as no input record."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    from sparkpoint.api.processor import INITIAL_STATE_COL
+
+    initial = op.initial_state
+    if not hasattr(initial, "sparkSession"):  # pandas or Arrow, given in the pipeline file
+        initial = spark.createDataFrame(initial if isinstance(initial, pd.DataFrame) else initial.to_pandas())
+    cols = [F.col(c).cast(pre.schema[c].dataType).alias(c) for c in op.key_columns]
+    cols.append(F.struct(*[F.col(f"`{c}`") for c in initial.columns]).alias(INITIAL_STATE_COL))
+    if INPUT_COUNT_COL in pre.columns:
+        cols.append(F.lit(0).cast("bigint").alias(INPUT_COUNT_COL))
+    return initial.select(*cols)
 
 
 def _no_rows_per_subtask(spark, rows, parallelism: int):

@@ -10,11 +10,12 @@ the checkpoint's sizes and SHA-256s, exactly as a restore does) in a temporary
 directory, decodes every key into rows and deletes the directory. Row shapes:
 `sparkpoint.state.descriptor`; the guide: docs/state-reader.md.
 
-Where the schema comes from: state is typed by the program that wrote it, and a
-checkpoint records no state schemas yet, so the operator object of the pipeline (or
-the pipeline) is passed, as Flink's reader takes the job's state descriptors. A
-handle that carries a recorded schema (`state_source.SCHEMA_KEY`) is read by
-operator name alone. Key column types come from the operator when it knows them,
+Where the schema comes from: a checkpoint records each step's declared state schema
+(`runtime/state_schemas.py`, under `state_source.SCHEMA_KEY`), so a step is read by
+its name alone (or with no name when the checkpoint holds one stateful step). A
+checkpoint taken before schemas were recorded needs the operator object of the
+pipeline (or the pipeline), as Flink's reader takes the job's state descriptors; an
+operator object given always wins, so state can be read as the pipeline declares it now. Key column types come from the operator when it knows them,
 else from `key_schema=`, else from the store itself (each store records them): one
 small Spark task rebuilds the cheapest subtask to fetch them (and, for a join or a top-n
 whose operator object has not run, the columns of its rows, which their stores record).
@@ -46,9 +47,9 @@ def read_state(spark, path: str, operator: Any = None, *, storage_options: Mappi
     per key (per key and window for a window; per held row for a join or a TopN; per
     held key for a Deduplicate).
 
-    `operator`: the stateful operator object of the job's pipeline, or the Pipeline
-    (needed to know the state's schema); an operator name, or None when the checkpoint
-    holds one stateful operator, if the checkpoint records its schema. `path`: a job's
+    `operator`: the step's name, or None when the checkpoint holds one stateful step
+    (the schema is the one the checkpoint records); or the stateful operator object of
+    the job's pipeline, or the Pipeline (needed for a checkpoint that records no schema). `path`: a job's
     checkpoint directory (latest completed checkpoint), a `chk-N` directory or a
     savepoint; local or any fsspec URL (`storage_options` as for the job)."""
     return _read(spark, path, operator, storage_options, key_schema, "state")

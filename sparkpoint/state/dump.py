@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
+from sparkpoint.state import ttl
 from sparkpoint.state.codec import FixedWidthCodec, RowCodec
 from sparkpoint.errors import StateSchemaError
 from sparkpoint.state.descriptor import SIDES, OperatorStateSchema, StateVariable
@@ -144,6 +145,7 @@ class _Decoder:
 
     def add(self, row: dict[str, Any], suffix: bytes, raw: bytes) -> None:
         name, kind = self.var.name, self.var.kind
+        raw = ttl.unwrap(raw)  # a value written with a TTL carries its expiry first
         if kind == "value":
             row[name] = self.unwrap_value(self.value.decode(raw))
         elif kind == "list":

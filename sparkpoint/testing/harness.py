@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
-from sparkpoint.api.processor import ProcessorOperator, StatefulProcessorHandle
+from sparkpoint.api.processor import INITIAL_STATE_COL, ProcessorOperator, StatefulProcessorHandle
 from sparkpoint.api.state_schema import complete_from_store, describe
 from sparkpoint.config import parse_duration_ms
 from sparkpoint.errors import ConfigError
@@ -58,6 +58,7 @@ from sparkpoint.runtime.executor.subtask import META_INFO, EpochTask, RestoreTas
 from sparkpoint.runtime.executor.store_opening import EpochInput
 from sparkpoint.runtime.lineages import Lineages
 from sparkpoint.runtime.stage import split_meta
+from sparkpoint.runtime.state_schemas import StateSchemas
 from sparkpoint.state import dump
 from sparkpoint.state.changelog import Lineage
 from sparkpoint.state.interfaces import KEY_GROUP_COL, SUBTASK_COL, StatefulOperator
@@ -127,8 +128,8 @@ class TesterSnapshot:
 class _PeekingHandle(StatefulProcessorHandle):
     """The processor's own handle, keeping the state objects its `init` declares by name."""
 
-    def __init__(self, store, name: str, time_mode: str):
-        super().__init__(store, name, time_mode)  # type: ignore[arg-type]
+    def __init__(self, store, name: str, time_mode: str, processing_time_ms: int):
+        super().__init__(store, name, time_mode, processing_time_ms)  # type: ignore[arg-type]
         self.states: dict[str, tuple[str, Any]] = {}
 
     def getValueState(self, stateName, schema, ttlDurationMs=None):
@@ -185,6 +186,8 @@ class ProcessorTester:
         self._outputs: list[pa.Table] = []
         self._input_schema: pa.Schema | None = None
         self._finished = False
+        # A fresh tester's first epoch applies a processor's initial_state (from_snapshot: never).
+        self._initial_due = getattr(self.step, "initial_state", None) is not None
         self.last_epoch_report: dict[str, Any] = {}
 
     # -- restore -------------------------------------------------------------------------
@@ -199,6 +202,10 @@ class ProcessorTester:
         if tester.step.name != snap.operator:
             raise ConfigError(f"the snapshot holds the state of step {snap.operator!r}, not of {tester.step.name!r}: "
                               "a step's name is its state identity")
+        # The job's check at restore: the state schema the snapshot records against the step's now.
+        StateSchemas({tester.step.name: tester.step}).check_restore(tester.step.name, {_SUBTASK: snap.lineage},
+                                                                   "the snapshot")
+        tester._initial_due = False  # the snapshot's state holds what it set
         tester._storage_owner = snap._keeps or _Workspace.at(snap.storage)
         tester._storage = StorageRef(snap.storage, _JOB)
         tester._lineages.restore({_SUBTASK: snap.lineage})
@@ -236,6 +243,7 @@ class ProcessorTester:
             generation = self._lineages.generation
             self._lineages.restore({_SUBTASK: handle})
             self._lineages.generation = generation
+        handle = StateSchemas({self.step.name: self.step}).with_schema(self.step.name, handle)  # as a checkpoint does
         return TesterSnapshot(self.step.name, handle, self._storage.url, self._epoch, self._max_event_time,
                               self._manual_watermark, self._processing_time, self._late_dropped,
                               self._storage_owner)
@@ -344,6 +352,8 @@ class ProcessorTester:
             self._input_schema = rows.schema
         else:  # an epoch without input still runs every subtask
             rows = (self._input_schema or pa.schema([pa.field(KEY_GROUP_COL, pa.int32())])).empty_table()
+        if self._initial_due:
+            rows = pa.concat_tables([rows, self._initial_state_rows()], promote_options="default")
         epoch = self._epoch + 1
         task = EpochTask(op, self._local.path, epoch, 1, self._max_parallelism,
                          None if final else self.watermark_ms, self._processing_time, final, None, self._storage,
@@ -359,7 +369,17 @@ class ProcessorTester:
         if max_ts is not None:
             self._max_event_time = max_ts if self._max_event_time is None else max(self._max_event_time, max_ts)
         self._outputs.append(data)
+        self._initial_due = False
         return data.to_pandas()
+
+    def _initial_state_rows(self) -> pa.Table:
+        """The step's initial state as its first epoch's extra rows, as the job's first
+        epoch carries them (stage.run_epoch): key columns, the row as one struct column."""
+        initial = self.step.initial_state
+        table = _to_arrow(initial.toPandas() if hasattr(initial, "sparkSession") else initial)
+        keys = self._keyed(table.select(self.step.key_columns))
+        struct = pa.StructArray.from_arrays([c.combine_chunks() for c in table.columns], names=table.column_names)
+        return keys.append_column(INITIAL_STATE_COL, struct)
 
     def _max_event_time_of(self, rows: pa.Table) -> int | None:
         if self._watermark_rule is None or not rows.num_rows:
@@ -436,7 +456,8 @@ class ProcessorTester:
             values = key if isinstance(key, tuple) else (key,)
             one = pa.table({f.name: pa.array([v], type=f.type) for f, v in zip(fields, values)})
             group = key_groups(one, op.key_columns, self._max_parallelism)[0].as_py()
-            handle = _PeekingHandle(state.store, op.name, op.time_mode)
+            # A peek sees what the processor would see now: nothing past its time to live.
+            handle = _PeekingHandle(state.store, op.name, op.time_mode, self._processing_time)
             op._new_processor().init(handle)
             ProcessorOperator._enter(handle, group, encode_user_keys(one, op.key_columns)[0],
                                      plain_key_tuples(one, op.key_columns)[0])

@@ -1,6 +1,6 @@
 """The contract every exactly-once sink keeps, run against each of them: Parquet on local
 disk, on fsspec's `memory://` filesystem and on S3, Delta on local disk and on S3, and
-Kafka (the run's shared broker).
+Kafka (the run's shared broker), and Delta again in its merge-by-key mode.
 
 One test class, `TestSinkContract`, holds the behaviours; the `kind` fixture is
 parametrized per implementation (as Flink's `SinkTestSuiteBase` does), and gives a way
@@ -125,11 +125,15 @@ def _parquet(url: str, options: dict[str, Any], local: bool) -> SinkKind:
     return SinkKind("parquet", open_sink, read, staged_files, verifies_content=local)
 
 
-def _delta(url: str, options: dict[str, Any], local: bool) -> SinkKind:
+def _delta(url: str, options: dict[str, Any], local: bool, merge: bool = False) -> SinkKind:
     from sparkpoint.connectors.delta_sink import DeltaSink, read_committed
 
     def open_sink() -> Sink:
-        sink = DeltaSink(url, storage_options=options)
+        # Merging by the only column: every row fed is its own key, so the table must hold
+        # exactly the rows fed (none lost, none left from withdrawn epochs). An upsert applied
+        # twice cannot show as a duplicate here; tests/unit/connectors/test_delta_merge.py
+        # checks by the order of updates to one key that none is applied twice or out of order.
+        sink = DeltaSink(url, storage_options=options, merge_keys=["value"] if merge else None)
         sink.open("job")
         return sink
 
@@ -141,7 +145,7 @@ def _delta(url: str, options: dict[str, Any], local: bool) -> SinkKind:
         storage = DeltaSink(url, storage_options=options)._storage
         return storage, [f"{storage.root}/{f['path']}" for f in handle["files"]]
 
-    return SinkKind("delta", open_sink, read, staged_files, verifies_content=local)
+    return SinkKind("delta-merge" if merge else "delta", open_sink, read, staged_files, verifies_content=local)
 
 
 def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> SinkKind:
@@ -181,6 +185,8 @@ def _s3_url_and_options(request: pytest.FixtureRequest, name: str) -> tuple[str,
     pytest.param("parquet-s3", marks=pytest.mark.s3),
     "delta-local",
     pytest.param("delta-s3", marks=pytest.mark.s3),
+    "delta-merge-local",
+    pytest.param("delta-merge-s3", marks=pytest.mark.s3),
     pytest.param("kafka", marks=pytest.mark.kafka),
 ])
 def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SinkKind]:
@@ -194,6 +200,10 @@ def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SinkKind]:
         made = _delta(str(tmp_path / "table dir"), {}, local=True)
     elif request.param == "delta-s3":
         made = _delta(*_s3_url_and_options(request, "table"), local=False)
+    elif request.param == "delta-merge-local":
+        made = _delta(str(tmp_path / "table dir"), {}, local=True, merge=True)
+    elif request.param == "delta-merge-s3":
+        made = _delta(*_s3_url_and_options(request, "table"), local=False, merge=True)
     else:
         made = _kafka(request, tmp_path)
     yield made

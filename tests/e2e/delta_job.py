@@ -15,15 +15,18 @@ pipeline = (
     Pipeline("{job}")
     .source(GeneratorSource("events", keys={keys}, total_events={total}, max_records_per_epoch={per_epoch}))
     .stateful(KeyedAggregate("totals", ["key"], "value", value_type="bigint"))
-    .sink(DeltaSink(SINK_PATH, storage_options=SINK_OPTIONS))
+    .sink(DeltaSink(SINK_PATH, storage_options=SINK_OPTIONS, merge_keys=MERGE_KEYS))
 )
 """
 
 
-def delta_pipeline(url: str | None = None, storage_options: dict | None = None) -> str:
-    """DELTA_PIPELINE writing to `url` (default: the Job's `out` directory)."""
+def delta_pipeline(url: str | None = None, storage_options: dict | None = None,
+                   merge_keys: list[str] | None = None) -> str:
+    """DELTA_PIPELINE writing to `url` (default: the Job's `out` directory), appending, or
+    merging by `merge_keys`."""
     path = "r'{out}'" if url is None else _escape(repr(url))
-    return DELTA_PIPELINE.replace("SINK_PATH", path).replace("SINK_OPTIONS", _escape(repr(storage_options or {})))
+    return (DELTA_PIPELINE.replace("SINK_PATH", path).replace("SINK_OPTIONS", _escape(repr(storage_options or {})))
+            .replace("MERGE_KEYS", repr(merge_keys)))
 
 
 def _escape(literal: str) -> str:

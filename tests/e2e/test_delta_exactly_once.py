@@ -2,7 +2,8 @@
 twice (once right after a checkpoint completed, while its Delta commit may or may not
 have happened, once at a random moment), restarted each time, and the table, read with
 delta-rs, holds exactly the rows the input alone says it must (tests/e2e/chaos_oracles.py;
-no failure-free reference job): nothing lost, nothing duplicated. Then once more with the
+no failure-free reference job): nothing lost, nothing duplicated. Then the same job
+merging its updates by key (one row per key, its final totals), and once more with the
 table on an S3 API."""
 
 from __future__ import annotations
@@ -85,6 +86,34 @@ def test_delta_sink_sigkill_twice_table_equals_the_updates_of_the_input(tmp_path
     on_disk = sorted(str(p.relative_to(job.out)) for p in job.out.glob("epoch-*/*.parquet"))
     active = sorted(table.get_add_actions(flatten=True).column("path").to_pylist())
     assert on_disk == active, f"seed {seed}: data files no commit names were left behind"
+
+
+def test_delta_sink_merging_by_key_sigkill_twice_table_holds_each_keys_final_totals(tmp_path: Path):
+    """The same job merging its updates by key: after two kills the table holds one row
+    per key, the key's totals over the whole input (the last of its updates)."""
+    from deltalake import DeltaTable
+
+    seed = int(os.environ.get("SPARKPOINT_CHAOS_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    job = Job(tmp_path / "merge", template=delta_pipeline(merge_keys=["key"]), **SHAPE)
+    notes = _kill_twice(job, rng)
+    assert sum(n.startswith("killed") for n in notes) == 2, f"seed {seed}: {notes}"
+    final = job.run()
+    assert final.popen.returncode == 0 and "FINISHED" in final.text, final.text[-3000:]
+
+    table_rows = read_delta(str(job.out))
+    latest = {}
+    for row in aggregate_updates(SHAPE["total"], keys=SHAPE["keys"], per_epoch=SHAPE["per_epoch"], with_epoch=False):
+        latest[row["key"]] = row  # in epoch order: the last is the key's final totals
+    expected_rows = as_canonical(list(latest.values()), table_rows.column_names)
+    got = canonical(table_rows, drop=())
+    assert len(got) == len(expected_rows) == SHAPE["keys"], f"seed {seed}: {notes}: {len(got)} rows"
+    assert got == expected_rows, f"seed {seed}: {notes}"
+    table = DeltaTable(str(job.out))
+    commits = _checkpoint_commits(table.history())
+    assert len(commits) == len(set(commits)), f"seed {seed}: a checkpoint was merged twice: {commits}"
+    assert table.transaction_version(SHAPE["name"]) == max(commits)
+    assert not list(job.out.glob("epoch-*/*.parquet")), f"seed {seed}: staged files were left behind"
 
 
 @pytest.mark.s3

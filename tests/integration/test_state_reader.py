@@ -6,6 +6,7 @@ clear error."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 
@@ -18,6 +19,7 @@ from sparkpoint.checkpoint.interfaces import CheckpointProperties, CompletedChec
 from sparkpoint.connectors.base import SlicePlan, SourceContext
 from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.jobmaster import JobMaster
+from sparkpoint.runtime.state_source import SCHEMA_KEY
 from sparkpoint.runtime.status import JobStatus
 from sparkpoint.state.changelog import Lineage, is_lineage_handle
 from sparkpoint.storage.fs import StorageFS
@@ -141,8 +143,16 @@ def test_aggregate_state_equals_pandas_from_job_dir_checkpoint_and_savepoint(spa
     pd.testing.assert_frame_equal(_sorted_frame(from_savepoint.toPandas()), _sorted_frame(expected),
                                   check_dtype=False)
 
+    # The checkpoint records the step's state schema: its name, or nothing (one stateful step), is enough.
+    for by_schema in (sparkpoint.read_state(spark, str(job_dir)),
+                      sparkpoint.read_state(spark, str(job_dir), operator="totals")):
+        pd.testing.assert_frame_equal(_sorted_frame(by_schema.toPandas()), _sorted_frame(expected), check_dtype=False)
+    # One written before schemas were recorded needs the operator object.
+    unrecorded = dataclasses.replace(last, handles={p: {k: v for k, v in h.items() if k != SCHEMA_KEY}
+                                                    for p, h in last.handles.items()})
+    old = _savepoint_copy(job_dir, unrecorded, tmp_path / "savepoints" / "unrecorded")
     with pytest.raises(ConfigError, match="does not record the state schema of operator 'totals'"):
-        sparkpoint.read_state(spark, str(job_dir))
+        sparkpoint.read_state(spark, str(old))
     with pytest.raises(ConfigError, match=r"holds no state of operator 'other'.*\['totals'\]"):
         sparkpoint.read_state(spark, str(job_dir), operator=KeyedAggregate("other", ["key"], "value"))
     with pytest.raises(ConfigError, match="keeps no timers"):

@@ -104,6 +104,19 @@ def q4(e: Events) -> pd.DataFrame:
                          "final": [int(s) // int(n) for s, n in zip(per_category["sum"], per_category["count"])]})
 
 
+def q5(e: Events) -> pd.DataFrame:
+    """Per 10 s window every 2 s (HOP), the auctions with the most bids: count(*) per
+    auction and window, joined with the window's max(count) on num >= maxn."""
+    size, slide = pd.Timedelta(seconds=10), pd.Timedelta(seconds=2)
+    rows = []
+    for k in range(size // slide):  # a bid at t is in the windows starting at floor(t, slide) - k * slide
+        start = e.bid.dateTime.dt.floor(slide) - k * slide
+        rows.append(pd.DataFrame({"auction": e.bid.auction, "start": start}))
+    counts = pd.concat(rows).groupby(["start", "auction"]).size().rename("num").reset_index()
+    maxn = counts.groupby("start").num.transform("max")
+    return counts[counts.num >= maxn][["auction", "num"]].reset_index(drop=True)
+
+
 def q7(e: Events) -> pd.DataFrame:
     """The bids that carry the highest price of a 10 s window: bid B JOIN (SELECT
     MAX(price) AS maxprice, window_end AS dateTime FROM TUMBLE(bid, dateTime, 10 s) GROUP BY
@@ -156,6 +169,52 @@ def q13(e: Events) -> pd.DataFrame:
         raise ValueError("q13 needs the side input: load(directory, side_input=path)")
     m = e.bid.assign(key=e.bid.auction % 10000).merge(e.side_input, on="key")
     return m[["auction", "bidder", "price", "dateTime", "value"]]
+
+
+_PRICE_LEVELS = {"1": lambda p: p < 10_000, "2": lambda p: (p >= 10_000) & (p < 1_000_000),
+                 "3": lambda p: p >= 1_000_000}
+
+
+def _level_counts(groups, of: str, count: Callable[[pd.DataFrame], int]) -> pd.DataFrame:
+    """total_<of>, rank1_<of> .. rank3_<of> per group: `count` of the group's bids, and
+    of its bids at each price level (nexmark-flink's filtered aggregates)."""
+    return pd.DataFrame({f"total_{of}": groups.apply(count),
+                         **{f"rank{n}_{of}": groups.apply(lambda g, level=level: count(g[level(g.price)]))
+                            for n, level in _PRICE_LEVELS.items()}})
+
+
+def _bid_stats(e: Events, keys: list[str]) -> pd.DataFrame:
+    b = e.bid.assign(day=e.bid.dateTime.dt.strftime("%Y-%m-%d"), minute=e.bid.dateTime.dt.strftime("%H:%M"))
+    groups = b.groupby(keys)[["bidder", "auction", "price", "minute"]]
+    by_key = b.groupby(keys)
+    parts = [_level_counts(groups, "bids", len), _level_counts(groups, "bidders", lambda g: g.bidder.nunique()),
+             _level_counts(groups, "auctions", lambda g: g.auction.nunique())]
+    if "channel" in keys:
+        parts.insert(0, by_key.minute.max().rename("minute").to_frame())
+    return pd.concat(parts, axis=1).reset_index()
+
+
+def q15(e: Events) -> pd.DataFrame:
+    """Per day: count(*), count(DISTINCT bidder), count(DISTINCT auction), each over all
+    bids and with FILTER (WHERE <price level>) for the three levels; the day in UTC."""
+    return _bid_stats(e, ["day"])
+
+
+def q16(e: Events) -> pd.DataFrame:
+    """q15 per channel and day, with max(DATE_FORMAT(dateTime, 'HH:mm')) AS minute."""
+    return _bid_stats(e, ["channel", "day"])
+
+
+def q17(e: Events) -> pd.DataFrame:
+    """Per auction and day: count(*) with the three price-level filters, min, max, avg
+    (a BIGINT in Flink: sum // count) and sum of price."""
+    b = e.bid.assign(day=e.bid.dateTime.dt.strftime("%Y-%m-%d"))
+    groups = b.groupby(["auction", "day"])[["price"]]
+    counts = _level_counts(groups, "bids", len)
+    price = b.groupby(["auction", "day"]).price
+    stats = pd.DataFrame({"min_price": price.min(), "max_price": price.max(),
+                          "avg_price": price.sum() // price.count(), "sum_price": price.sum()})
+    return pd.concat([counts, stats], axis=1).reset_index()
 
 
 def _time_of_day(hour: int) -> str:
@@ -231,6 +290,6 @@ def q19(e: Events) -> pd.DataFrame:
 
 
 QUERIES: dict[str, Callable[[Events], pd.DataFrame]] = {
-    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q7": q7, "q8": q8, "q9": q9, "q10": q10,
-    "q13": q13, "q14": q14, "q18": q18, "q19": q19, "q20": q20, "q21": q21,
+    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8, "q9": q9, "q10": q10,
+    "q13": q13, "q14": q14, "q15": q15, "q16": q16, "q17": q17, "q18": q18, "q19": q19, "q20": q20, "q21": q21,
 }

@@ -42,14 +42,16 @@ RATE = 500
 FILES = 20  # per stream; nexmark_input reads 10 per epoch
 # The queries the pipeline API can express today, each with its reference; the others
 # wait for windows and aggregates (docs/nexmark.md).
-EXPRESSIBLE = ["q0", "q1", "q2", "q3", "q4", "q7", "q8", "q9", "q10", "q13", "q14", "q18", "q19", "q20", "q21"]
+EXPRESSIBLE = ["q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8", "q9", "q10", "q13", "q14", "q15", "q16", "q17", "q18", "q19",
+               "q20", "q21"]
 
 # Queries whose result updates as input comes (Flink's updating tables), with the key
 # whose latest row is the result.
-UPDATING = {"q4": ["id"], "q18": ["bidder", "auction"], "q19": ["auction", "rank_number"]}
+UPDATING = {"q4": ["id"], "q15": ["day"], "q16": ["channel", "day"], "q17": ["auction", "day"],
+            "q18": ["bidder", "auction"], "q19": ["auction", "rank_number"]}
 # Queries that emit a window's or an auction's result when the watermark passes its end:
 # on the shared events some of it comes out before the end of input.
-FIRED_BY_WATERMARK = {"q4", "q7", "q8", "q9"}
+FIRED_BY_WATERMARK = {"q4", "q5", "q7", "q8", "q9"}
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +77,18 @@ SINK_TABLES = {
     "q14": "auction BIGINT, bidder BIGINT, price DECIMAL(23, 3), bidTimeType VARCHAR, dateTime TIMESTAMP(3), "
            "extra VARCHAR, c_counts BIGINT",
     "q21": "auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, channel_id VARCHAR",
+    "q15": "day VARCHAR, " + ", ".join(f"{c} BIGINT" for of in ("bids", "bidders", "auctions")
+                                       for c in (f"total_{of}", f"rank1_{of}", f"rank2_{of}", f"rank3_{of}")),
+    "q16": "channel VARCHAR, day VARCHAR, minute VARCHAR, " + ", ".join(
+        f"{c} BIGINT" for of in ("bids", "bidders", "auctions")
+        for c in (f"total_{of}", f"rank1_{of}", f"rank2_{of}", f"rank3_{of}")),
+    "q17": "auction BIGINT, day VARCHAR, total_bids BIGINT, rank1_bids BIGINT, rank2_bids BIGINT, rank3_bids BIGINT, "
+           "min_price BIGINT, max_price BIGINT, avg_price BIGINT, sum_price BIGINT",
     "q18": "auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR, dateTime TIMESTAMP(3), "
            "extra VARCHAR",
     "q19": "auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR, dateTime TIMESTAMP(3), "
            "extra VARCHAR, rank_number BIGINT",
+    "q5": "auction BIGINT, num BIGINT",
     # Those of the queries whose examples wait for stream joins and windows.
     "q3": "name VARCHAR, city VARCHAR, state VARCHAR, id BIGINT",
     "q4": "id BIGINT, final BIGINT",

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from sparkpoint.api import event_time
+from sparkpoint.api.aggfuncs.stored import check_recorded
 from sparkpoint.api.aggregate import KeySchema, require_key_groups
 from sparkpoint.api.durations import duration_ms
 from sparkpoint.api.windows.aggs import WINDOW_AGGREGATES, WindowAggregates
@@ -52,7 +53,8 @@ class WindowOperator(StatefulOperator):
             raise ConfigError(f"{what}: allowed_lateness must be >= 0, got {self.allowed_lateness_ms} ms")
         if output_mode not in OUTPUT_MODES:
             raise ConfigError(f"{what}: output_mode must be one of {list(OUTPUT_MODES)}, got {output_mode!r}")
-        clash = [c for c in key_columns if c in (WINDOW_START, WINDOW_END, LATE, *WINDOW_AGGREGATES)]
+        clash = [c for c in key_columns if c in (WINDOW_START, WINDOW_END, LATE, *WINDOW_AGGREGATES,
+                                                  *[a.split()[-1] for a in aggs])]
         if clash:
             raise ConfigError(f"{what}: key column(s) {clash} clash with output columns of the same name; "
                               "rename them first")
@@ -76,6 +78,7 @@ class WindowOperator(StatefulOperator):
 
     def resolve_input_schema(self, schema: pa.Schema) -> None:
         self.keys.resolve(schema)
+        self.aggregates.resolve_input_schema(schema)
         if self.time_column in schema.names:  # else: already pre-aggregated (tests)
             self.time_kind = event_time.arrow_kind(schema, self.time_column, self._used_for)
 
@@ -93,6 +96,10 @@ class WindowOperator(StatefulOperator):
 
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
         self.keys.ensure(store, rows)
+        if self.aggregates.sql is not None:
+            if rows.num_rows:
+                self.aggregates.partial_columns(rows.slice(0, 0))  # learn the partial types if not known
+            check_recorded(store, self.aggregates.sql, self._used_for)
         emitted: list[pa.Table] = []
         if rows.num_rows:
             require_key_groups(rows, self.name)

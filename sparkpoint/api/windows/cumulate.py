@@ -24,8 +24,9 @@ class CumulateWindow(PaneWindow):
     """Per-key cumulating event-time windows: within each `size`-aligned period, windows
     from the period's start to every `step` boundary (Flink SQL's CUMULATE).
 
-    Output: key columns, window_start, window_end, `aggs` (count, sum, min, max, avg of
-    `value_column`), late. Output modes and lateness as `SlidingWindow`."""
+    Output: key columns, window_start, window_end, `aggs` (Spark SQL aggregates such as
+    "count(DISTINCT user) FILTER (WHERE amount > 10) AS n", docs/aggregates.md; or count, sum,
+    min, max, avg of `value_column`), late. Output modes and lateness as `SlidingWindow`."""
 
     state_namespace = "cumulate"
 

@@ -24,7 +24,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
-from sparkpoint.api.windows.aggs import P_COUNT
 from sparkpoint.api.windows.base import WindowOperator
 from sparkpoint.api.windows.state import Windows
 from sparkpoint.state.interfaces import KEY_GROUP_COL
@@ -48,7 +47,9 @@ class PaneWindow(WindowOperator):
 
         ms = self.event_time_ms(df)
         pane = (ms - F.pmod(ms, F.lit(self.pane_ms))).alias(P_PANE)  # exact floor, also < 0
-        return df.groupBy(*self.key_columns, pane).agg(*self.aggregates.spark_partials(), *carry)
+        pre = df.groupBy(*self.key_columns, pane).agg(*self.aggregates.spark_partials(), *carry)
+        self.aggregates.resolve_from_spark(pre.schema)  # SQL aggregates' types, known on the driver
+        return pre
 
     # -- worker side ------------------------------------------------------------------
     def _pane_partials(self, rows: pa.Table) -> pa.Table:
@@ -71,7 +72,7 @@ class PaneWindow(WindowOperator):
             open_ = ends + self.allowed_lateness_ms > watermark
             # A row is dropped when every window it belongs to is closed.
             reached = np.bincount(which[open_], minlength=panes.num_rows) > 0
-            self.windows.count_dropped(store, panes.column(P_COUNT).to_numpy()[~reached].sum())
+            self.windows.count_dropped(store, panes.column(self.aggregates.count_column).to_numpy()[~reached].sum())
             which, starts, ends = which[open_], starts[open_], ends[open_]
         if not len(which):
             return self.output_schema.empty_table()
@@ -80,12 +81,14 @@ class PaneWindow(WindowOperator):
         records = self.windows.new_records(table.num_rows)
         records["start"] = table.column(_START).to_numpy()
         records["end"] = table.column(_END).to_numpy()
-        self.aggregates.fill(records, table)
+        parts = self.aggregates.fill(records, table)
         late = np.zeros(len(records), dtype=bool) if watermark is None else records["end"] <= watermark
         records["late"] = late
         w = Windows(table.column(KEY_GROUP_COL).to_pylist(), encode_user_keys(table, self.key_columns),
-                    records["end"].copy(), plain_key_tuples(table, self.key_columns), records)
+                    records["end"].copy(), plain_key_tuples(table, self.key_columns), records, parts)
         old, found = self.windows.read(store, w)
+        if parts is not None:
+            w.parts = self.aggregates.merge_parts(parts, self.windows.read_parts(store, w), self._used_for)
         if found.any():
             at = np.flatnonzero(found)
             merged = records[at]

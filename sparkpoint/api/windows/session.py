@@ -48,7 +48,8 @@ class SessionWindow(WindowOperator):
     last event + gap.
 
     Output: key columns, window_start, window_end (the session's bounds), `aggs`
-    (count, sum, min, max, avg of `value_column`), late. Output modes and lateness as
+    (Spark SQL aggregates, docs/aggregates.md; or count, sum, min, max, avg of
+    `value_column`), late. Output modes and lateness as
     `SlidingWindow`."""
 
     state_namespace = "session"
@@ -86,6 +87,7 @@ class SessionWindow(WindowOperator):
             gap = F.concat(F.col(self.gap_column).cast("bigint").cast("string"), F.lit(" milliseconds"))
         grouped = df.groupBy(*self.key_columns, F.session_window(ts, gap).alias(_SESSION)) \
             .agg(*self.aggregates.spark_partials(), *carry)
+        self.aggregates.resolve_from_spark(grouped.schema)  # SQL aggregates' types, known on the driver
         if kind == event_time.TIMESTAMP_NTZ:
             epoch = F.lit("1970-01-01 00:00:00").cast("timestamp_ntz")
             start = F.timestamp_diff("MILLISECOND", epoch, F.col(f"{_SESSION}.start"))
@@ -128,7 +130,7 @@ class SessionWindow(WindowOperator):
         records = self.windows.new_records(n)
         records["start"] = parts.column(P_SESSION_START).to_numpy()
         records["end"] = parts.column(P_SESSION_END).to_numpy()
-        self.aggregates.fill(records, parts)
+        sql_parts = self.aggregates.fill(records, parts)  # None for the one-column aggregates
         groups = parts.column(KEY_GROUP_COL).to_pylist()
         user_keys = encode_user_keys(parts, self.key_columns)
         key_values = plain_key_tuples(parts, self.key_columns)
@@ -137,9 +139,11 @@ class SessionWindow(WindowOperator):
             by_key.setdefault(key, []).append(i)
         gone: list[Windows] = []
         made: list[tuple[int, bytes, tuple, np.ndarray, bool]] = []
+        sources: list[tuple[pa.Table | None, list[int]]] = []  # per made session: stored and new SQL partials
         dropped = 0
         for (group, user_key), mine in by_key.items():
             stored_starts, stored = self.windows.read_key(store, group, user_key)
+            stored_parts = None if sql_parts is None else self.windows.read_key_parts(store, group, user_key)
             for cluster_parts, cluster_stored in _clusters(records[mine], stored):
                 if not cluster_parts:
                     continue  # a stored session no row of this epoch touches
@@ -158,6 +162,9 @@ class SessionWindow(WindowOperator):
                 merged["late"] = int(late or bool(olds["late"].any()))
                 merged["fired"] = 0  # fires at its end; at once if the watermark has passed it
                 made.append((group, user_key, key_values[mine[0]], merged, late))
+                if sql_parts is not None:
+                    sources.append((stored_parts.take(pa.array(cluster_stored, pa.int64())) if cluster_stored else None,
+                                    sorted(mine[i] for i in cluster_parts)))  # arrival order
         self.windows.count_dropped(store, dropped)
         for w in gone:
             self.windows.remove(store, w)
@@ -166,6 +173,13 @@ class SessionWindow(WindowOperator):
         w = Windows([m[0] for m in made], [m[1] for m in made],
                     np.array([int(m[3]["start"][0]) for m in made], dtype=np.int64), [m[2] for m in made],
                     np.concatenate([m[3] for m in made]))
+        if sql_parts is not None:
+            pieces, slots = [], []
+            for slot, (olds_parts, new) in enumerate(sources):  # stored first: they arrived first
+                for piece in ([olds_parts] if olds_parts is not None else []) + [sql_parts.take(pa.array(new, pa.int64()))]:
+                    pieces.append(piece)
+                    slots += [slot] * piece.num_rows
+            w.parts = self.aggregates.fold_parts(pa.concat_tables(pieces), np.array(slots, dtype=np.int64))
         self.windows.write(store, w)
         return self._updated(w, np.array([m[4] for m in made], dtype=bool))
 

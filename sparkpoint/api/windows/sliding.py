@@ -22,8 +22,9 @@ from sparkpoint.errors import ConfigError
 class SlidingWindow(PaneWindow):
     """Per-key sliding (hopping) event-time windows of `size` starting every `slide`.
 
-    Output: key columns, window_start, window_end, `aggs` (count, sum, min, max, avg of
-    `value_column`), late. `output_mode` "final" emits each window once the watermark
+    Output: key columns, window_start, window_end, `aggs` (Spark SQL aggregates such as
+    "count(DISTINCT user) FILTER (WHERE amount > 10) AS n", docs/aggregates.md; or count, sum,
+    min, max, avg of `value_column`), late. `output_mode` "final" emits each window once the watermark
     passes its end (again, marked late, on rows within `allowed_lateness`); "update"
     emits every window an epoch changed."""
 

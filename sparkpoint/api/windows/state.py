@@ -3,6 +3,7 @@ entry per window in a due index keyed by time.
 
     <group><ns><user key><suffix>            -> start, end, count, nvalues, sum, min, max, fired, late
     <group><ns-due><due><user key><suffix>   -> the key values (msgpack of plain values)
+    <group><ns-parts><user key><suffix>      -> SQL aggregates' partials (aggfuncs/rows.py)
 
 `suffix` tells a key's windows apart: the window end for sliding and cumulate windows
 (cumulate windows of one period share their start), the session start for sessions.
@@ -28,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
+from sparkpoint.api.aggfuncs import rows as stored_parts
 from sparkpoint.api.aggregate import KeySchema
 from sparkpoint.api.windows.aggs import WindowAggregates
 from sparkpoint.state.codec import FixedWidthCodec
@@ -50,11 +52,13 @@ class Windows:
     suffixes: np.ndarray
     key_values: list[tuple]
     records: np.ndarray
+    parts: pa.Table | None = None  # SQL aggregates' partials, one row per window
 
     def take(self, idx: Sequence[int] | np.ndarray) -> "Windows":
         idx = np.asarray(idx, dtype=np.int64)
         return Windows([self.groups[i] for i in idx], [self.user_keys[i] for i in idx], self.suffixes[idx],
-                       [self.key_values[i] for i in idx], self.records[idx])
+                       [self.key_values[i] for i in idx], self.records[idx],
+                       None if self.parts is None else self.parts.take(pa.array(idx, pa.int64())))
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -71,6 +75,8 @@ class WindowState:
                                                 ("fired", "i8"), ("late", "i8")])
         self.ns = namespace(ns)
         self.due_ns = namespace(ns + "-due")
+        self.parts_ns = namespace(ns + "-parts")
+        self.operator = operator
 
     def new_records(self, n: int) -> np.ndarray:
         return np.zeros(n, dtype=self.codec.dtype)
@@ -78,6 +84,16 @@ class WindowState:
     # -- keys -------------------------------------------------------------------------
     def state_keys(self, w: Windows) -> list[bytes]:
         return _join([_groups(w.groups), self.ns, pa.array(w.user_keys, pa.binary()), _timestamps(w.suffixes)])
+
+    def _parts_keys(self, w: Windows) -> list[bytes]:
+        return _join([_groups(w.groups), self.parts_ns, pa.array(w.user_keys, pa.binary()), _timestamps(w.suffixes)])
+
+    def read_parts(self, store, w: Windows) -> list[bytes | None]:
+        """The stored SQL partials of `w`'s windows (None where there are none)."""
+        return store.get_many(self._parts_keys(w))
+
+    def _decode_parts(self, raw: list[bytes]) -> pa.Table:
+        return stored_parts.decode_many(raw, self.aggs.sql.part_schema(), self.operator)
 
     def due_times(self, records: np.ndarray) -> np.ndarray:
         closing = records["end"] + self.lateness
@@ -107,6 +123,11 @@ class WindowState:
         records = self.codec.decode_many([v for _, v in entries]).copy() if entries else self.new_records(0)
         return suffixes, records
 
+    def read_key_parts(self, store, group: int, user_key: bytes) -> pa.Table:
+        """The SQL partials of every stored window of one key, in suffix order (as read_key)."""
+        prefix = group_prefix(group, self.parts_ns) + user_key
+        return self._decode_parts([v for _, v in store.scan_prefix(prefix)])
+
     # -- writes -----------------------------------------------------------------------
     def write(self, store, w: Windows, old: np.ndarray | None = None, found: np.ndarray | None = None) -> None:
         """Store `w`'s records; move the due entry of each window whose due time
@@ -114,6 +135,8 @@ class WindowState:
         if not len(w):
             return
         store.put_many(self.state_keys(w), self.codec.encode_many(w.records))
+        if w.parts is not None:
+            store.put_many(self._parts_keys(w), stored_parts.encode_many(w.parts, self.aggs.sql.part_schema()))
         due = self.due_times(w.records)
         if old is None or found is None:
             moved = np.ones(len(w), dtype=bool)
@@ -131,6 +154,8 @@ class WindowState:
         """Delete `w`'s windows (records as stored) and their due entries."""
         if len(w):
             store.delete_many(self.state_keys(w) + self._due_keys(w, self.due_times(w.records)))
+            if self.aggs.sql is not None:
+                store.delete_many(self._parts_keys(w))
 
     # -- firing and clean-up ------------------------------------------------------------
     def process_due(self, store, groups: range, watermark: int | None) -> Windows:
@@ -150,14 +175,20 @@ class WindowState:
                     [tuple(msgpack.unpackb(v, raw=False)) for _, v in found], self.new_records(len(found)))
         keys = self.state_keys(w)
         w.records = self.codec.decode_many(store.get_many(keys)).copy()
+        if self.aggs.sql is not None:
+            w.parts = self._decode_parts(self.read_parts(store, w))
         store.delete_many([k for k, _ in found])
         fire = (w.records["fired"] == 0) if self.mode == FINAL else np.zeros(len(w), dtype=bool)
         close = np.ones(len(w), dtype=bool) if watermark is None else w.records["end"] + self.lateness <= watermark
         store.delete_many([keys[i] for i in np.flatnonzero(close)])
+        if self.aggs.sql is not None:
+            store.delete_many(self._parts_keys(w.take(np.flatnonzero(close))))
         kept = np.flatnonzero(~close)  # fired now, kept for late rows until end + lateness
         if len(kept):
             w.records["fired"][kept] = 1
-            self.write(store, w.take(kept))
+            marked = w.take(kept)
+            marked.parts = None  # unchanged: only the record's flag and due entry move
+            self.write(store, marked)
         return w.take(np.flatnonzero(fire))
 
     # -- counters -----------------------------------------------------------------------
@@ -182,7 +213,7 @@ class WindowState:
         r = w.records
         columns = [*key_columns_from_plain(w.key_values, self.keys.fields()),
                    event_time.arrow_from_ms(r["start"], time_kind), event_time.arrow_from_ms(r["end"], time_kind),
-                   *self.aggs.output_columns(r),
+                   *self.aggs.output_columns(r, w.parts),
                    pa.array((r["late"] != 0) if late is None else late, type=pa.bool_())]
         return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 

@@ -109,6 +109,8 @@ class EpochTask:
     # and which local stores may be used at all (executor/store_opening.py).
     epoch_input: EpochInput = field(kw_only=True)
     memory: StateMemory = field(default=StateMemory(), kw_only=True)  # state.backend.rocksdb.memory.*
+    # The step's first epoch on empty state: its operator's initial state joins the rows (stage.run_epoch).
+    initial_state: bool = field(default=False, kw_only=True)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         """`run` for rows grouped as `groupBy(__subtask)` hands them: the subtask is the

@@ -53,31 +53,44 @@ def aggregate(values: list) -> dict:
             "max": max(vs) if vs else None, "avg": sum(vs) / len(vs) if vs else None}
 
 
-def row(key, start: int, end: int, values: list, late: bool) -> tuple:
+def row(key, start: int, end: int, values: list, late: bool, summarize: Callable | None = None) -> tuple:
+    if summarize is not None:
+        return (key, start, end, *summarize(values), bool(late))
     a = aggregate(values)
     return (key, start, end, a["count"], a["sum"], a["min"], a["max"], a["avg"], bool(late))
 
 
-def as_rows(df: pd.DataFrame) -> list[tuple]:
+def as_rows(df: pd.DataFrame, columns: list[str] = COLUMNS) -> list[tuple]:
     def plain(v):
+        if hasattr(v, "tolist"):  # a list column: as a sorted tuple (sets have no order)
+            return tuple(sorted(v.tolist()))
         return None if v is None or (isinstance(v, float) and v != v) else v
-    return sorted(tuple(plain(v) for v in r) for r in df[COLUMNS].itertuples(index=False, name=None))
+    return sorted(tuple(plain(v) for v in r) for r in df[columns].itertuples(index=False, name=None))
+
+
+def _values(rows: pd.DataFrame, columns: tuple[str, ...]) -> list:
+    """Per row: its value (one column), or the tuple of its values (several)."""
+    cols = [[None if v is None or v != v else v for v in rows[c]] for c in columns]
+    return cols[0] if len(cols) == 1 else list(zip(*cols))
 
 
 # -- fixed windows (sliding, cumulate) ----------------------------------------------------
 def fixed_reference(epochs: list[pd.DataFrame], windows_of: Callable[[int], list[tuple[int, int]]], delay: int,
-                    lateness: int, mode: str) -> tuple[list[list[tuple]], int]:
+                    lateness: int, mode: str, columns: tuple[str, ...] = ("v",),
+                    summarize: Callable | None = None) -> tuple[list[list[tuple]], int]:
     """Per epoch (then one more: the end of input) the rows a window step must emit,
-    and the number of rows dropped as too late."""
+    and the number of rows dropped as too late. `summarize(values)` gives the
+    aggregates of a window's values of `columns` (default: count, sum, min, max, avg
+    of v)."""
     marks = watermarks(epochs, delay)
     accepted: dict[tuple, list[tuple[int, float | None]]] = {}  # window -> [(epoch, value)]
     dropped = 0
     for e, (rows, w) in enumerate(zip(epochs, marks)):
-        for k, ts, v in zip(rows["k"], rows["ts"], rows["v"]):
+        for k, ts, v in zip(rows["k"], rows["ts"], _values(rows, columns)):
             mine = [(s, end) for s, end in windows_of(int(ts)) if w is None or end + lateness > w]
             dropped += not mine
             for s, end in mine:
-                accepted.setdefault((k, s, end), []).append((e, None if v != v else v))
+                accepted.setdefault((k, s, end), []).append((e, v))
     out: list[list[tuple]] = [[] for _ in range(len(epochs) + 1)]
     final = len(epochs)
     for (k, s, end), got in accepted.items():
@@ -89,14 +102,14 @@ def fixed_reference(epochs: list[pd.DataFrame], windows_of: Callable[[int], list
         epochs_with_rows = sorted({ep for ep, _ in got})
         if mode == "update":
             for e in epochs_with_rows:
-                out[e].append(row(k, s, end, upto(e), marks[e] is not None and marks[e] >= end))
+                out[e].append(row(k, s, end, upto(e), marks[e] is not None and marks[e] >= end, summarize))
             continue
         first = epochs_with_rows[0]
         fire = next((e for e in range(first, len(epochs)) if marks[e] is not None and marks[e] >= end), final)
-        out[fire].append(row(k, s, end, upto(fire), late_upto(fire)))
+        out[fire].append(row(k, s, end, upto(fire), late_upto(fire), summarize))
         for e in epochs_with_rows:
             if e > fire:
-                out[e].append(row(k, s, end, upto(e), True))
+                out[e].append(row(k, s, end, upto(e), True, summarize))
     return [sorted(o) for o in out], dropped
 
 
@@ -137,17 +150,18 @@ class _Book:
 
 
 def session_reference(epochs: list[pd.DataFrame], gap_of: Callable[[pd.Series], int | None], delay: int,
-                      lateness: int, mode: str) -> tuple[list[list[tuple]], int]:
+                      lateness: int, mode: str, columns: tuple[str, ...] = ("v",),
+                      summarize: Callable | None = None) -> tuple[list[list[tuple]], int]:
     marks = watermarks(epochs, delay)
     book = _Book()
     out: list[list[tuple]] = [[] for _ in range(len(epochs) + 1)]
     dropped = 0
     for e, (rows, w) in enumerate(zip(epochs, marks)):
         new: dict = {}
-        for r in rows.itertuples(index=False):
+        for r, v in zip(rows.itertuples(index=False), _values(rows, columns)):
             g = gap_of(r)
             if g is not None and g > 0:
-                new.setdefault(r.k, []).append((int(r.ts), int(g), None if r.v != r.v else r.v))
+                new.setdefault(r.k, []).append((int(r.ts), int(g), v))
         for k, fresh in new.items():
             sessions = book.open.get(k, [])
             spans = sorted([(t, t + g, ("old", i), (t, g, v)) for i, s in enumerate(sessions) for t, g, v in s.rows]
@@ -173,20 +187,21 @@ def session_reference(epochs: list[pd.DataFrame], gap_of: Callable[[pd.Series], 
                 merged.late = late or any(sessions[i].late for i in olds)
                 kept.append(merged)
                 if mode == "update":
-                    out[e].append(row(k, merged.start, merged.end, [v for _, _, v in merged.rows], late))
+                    out[e].append(row(k, merged.start, merged.end, [v for _, _, v in merged.rows], late, summarize))
             book.open[k] = kept
         if w is not None:
-            _fire_and_clean(book, out[e], w, lateness, mode)
-    _fire_and_clean(book, out[len(epochs)], None, lateness, mode)
+            _fire_and_clean(book, out[e], w, lateness, mode, summarize)
+    _fire_and_clean(book, out[len(epochs)], None, lateness, mode, summarize)
     return [sorted(o) for o in out], dropped
 
 
-def _fire_and_clean(book: _Book, out: list, w: int | None, lateness: int, mode: str) -> None:
+def _fire_and_clean(book: _Book, out: list, w: int | None, lateness: int, mode: str,
+                    summarize: Callable | None = None) -> None:
     for k, sessions in book.open.items():
         kept = []
         for s in sessions:
             if mode == "final" and not s.fired and (w is None or s.end <= w):
-                out.append(row(k, s.start, s.end, [v for _, _, v in s.rows], s.late))
+                out.append(row(k, s.start, s.end, [v for _, _, v in s.rows], s.late, summarize))
                 s.fired = True
             if w is None or s.end + lateness > w:
                 kept.append(s)
@@ -195,20 +210,21 @@ def _fire_and_clean(book: _Book, out: list, w: int | None, lateness: int, mode: 
 
 # -- the harness ----------------------------------------------------------------------------
 def run_in_tester(make_step: Callable[[], object], epochs: list[pd.DataFrame], delay: int,
-                  snapshot_after: int | None = None) -> tuple[list[list[tuple]], int, ProcessorTester]:
+                  snapshot_after: int | None = None,
+                  columns: list[str] = COLUMNS) -> tuple[list[list[tuple]], int, ProcessorTester]:
     """Each epoch's output (then finish()'s), the rows dropped, and the tester; with
     `snapshot_after=n`, a snapshot after epoch n is restored into a fresh tester (and a
     fresh step object) that runs the rest."""
     tester = ProcessorTester(make_step(), watermark=("ts", delay))
     outputs = []
     for e, rows in enumerate(epochs):
-        outputs.append(as_rows(tester.process(rows)))
+        outputs.append(as_rows(tester.process(rows), columns))
         if snapshot_after == e:
             snap = tester.snapshot().to_json()  # as text, the way a checkpoint carries it
             dropped_before = tester.late_rows_dropped
             tester = ProcessorTester.from_snapshot(make_step(), snap, watermark=("ts", delay))
             assert tester.late_rows_dropped == dropped_before
-    outputs.append(as_rows(tester.finish()))
+    outputs.append(as_rows(tester.finish(), columns))
     return outputs, tester.late_rows_dropped, tester
 
 
