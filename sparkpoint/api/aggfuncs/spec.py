@@ -147,9 +147,10 @@ def _build(func: str, args: tuple[str, ...], distinct: bool, condition: str | No
     raise fail("is not supported")  # pragma: no cover - every name above is handled
 
 
-def _matching(text: str, open_at: int) -> int | None:
-    """Index of the parenthesis closing the one at `open_at` (quotes respected)."""
-    depth, quote, i = 0, None, open_at
+def _unquoted(text: str, start: int = 0):
+    """(index, character, depth) of each character of `text` from `start` that is outside
+    quotes; depth counts the parentheses open before it (an opening one included)."""
+    depth, quote, i = 0, None, start
     while i < len(text):
         c = text[i]
         if quote:
@@ -159,35 +160,18 @@ def _matching(text: str, open_at: int) -> int | None:
                 quote = None
         elif c in "'\"`":
             quote = c
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return i
+        else:
+            depth += (c == "(") - (c == ")")
+            yield i, c, depth
         i += 1
-    return None
+
+
+def _matching(text: str, open_at: int) -> int | None:
+    """Index of the parenthesis closing the one at `open_at` (quotes respected)."""
+    return next((i for i, c, depth in _unquoted(text, open_at) if c == ")" and depth == 0), None)
 
 
 def _split_top(text: str) -> list[str]:
     """`text` split at commas outside parentheses and quotes."""
-    out, depth, quote, start, i = [], 0, None, 0, 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\" and quote != "`":
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "'\"`":
-            quote = c
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "," and depth == 0:
-            out.append(text[start:i])
-            start = i + 1
-        i += 1
-    out.append(text[start:])
-    return out
+    cuts = [i for i, c, depth in _unquoted(text) if c == "," and depth == 0]
+    return [text[a + 1:b] for a, b in zip([-1, *cuts], [*cuts, len(text)])]
