@@ -7,7 +7,7 @@ Two ways in, one result:
   - `parse_ddl` parses the same DDL in Python, for where no JVM is (Spark's Python
     workers, the ProcessorTester). It accepts Spark's grammar for schemas: `name TYPE`
     or `name: TYPE` fields, `NOT NULL`, `COMMENT '...'`, backquoted names, and the
-    types below, nested at will; tests/integration/test_state_ddl.py holds it to
+    types below, nested at will; tests/integration/test_state_ddl_spark.py holds it to
     Spark's parser on the same strings.
 
     Spark                                   Arrow

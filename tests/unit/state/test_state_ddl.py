@@ -1,5 +1,5 @@
 """The Python DDL parser: Spark's grammar for schemas, into the Arrow types state holds.
-tests/integration/test_state_ddl.py holds it to Spark's own parser on the same strings."""
+tests/integration/test_state_ddl_spark.py holds it to Spark's own parser on the same strings."""
 
 from __future__ import annotations
 
