@@ -83,19 +83,25 @@ def _parse_ddl_string(ddl: str, what: str, with_spark: bool) -> pa.Schema:
 
 
 def parse_with_spark(ddl: str, what: str) -> pa.Schema:
-    """`ddl` parsed by Spark's own DDL parser (needs a running session)."""
+    """`ddl` parsed by Spark's own DDL parser (needs a running session). A refusal is
+    worded as the Python parser words it (both refuse the same strings:
+    tests/integration/test_state_ddl_spark.py), so one mistake gives one message whether
+    or not a session runs in the process."""
     from pyspark.sql.types import _parse_datatype_string
 
     try:
         parsed = _parse_datatype_string(ddl)
-    except Exception as e:  # Spark's ParseException and friends: their first line says where
+        if parsed.typeName() != "struct":
+            raise StateSchemaError(f"{what}: cannot parse {ddl!r}: it is a type, not fields; write fields as "
+                                   "'name TYPE' (e.g. 'count BIGINT, total DECIMAL(12, 2), tags ARRAY<STRING>')")
+        return pa.schema(spark_fields(parsed, what))
+    except Exception as e:  # Spark's ParseException and friends, or a type state cannot hold
+        parse_ddl(ddl, what)  # raises the Python parser's words for the same refusal
+        if isinstance(e, StateSchemaError):
+            raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise StateSchemaError(f"{what}: cannot parse {ddl!r}: {first}; write fields as 'name TYPE' (e.g. "
                                "'count BIGINT, total DECIMAL(12, 2), tags ARRAY<STRING>')") from None
-    if parsed.typeName() != "struct":
-        raise StateSchemaError(f"{what}: cannot parse {ddl!r}: it is a type, not fields; write fields as "
-                               "'name TYPE' (e.g. 'count BIGINT, total DECIMAL(12, 2), tags ARRAY<STRING>')")
-    return pa.schema(spark_fields(parsed, what))
 
 
 # -- per-type codecs: Python value <-> the plain form msgpack carries ------------------------
