@@ -23,10 +23,12 @@ from sparkpoint.ops.chaos import Chaos, compare
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-# The storms of test_chaos_storm.py cover executor-kill and restore-outage; the demo keeps
-# the four faults it always had, at the same cost.
+# The command on the demo runs the two faults that restart it: a SIGKILL, and a corrupt
+# newest checkpoint the restart falls back past. The storage outage and the second
+# deployment run on a windowed job in test_chaos.py and on Delta and Kafka in the storms
+# of test_chaos_storm.py, through the same fault code; each costs a demo run here.
 SHORT = ["--set", "execution.checkpointing.interval=1s", "--kills", "1", "--parallel", "2",
-         "--faults", "kill9,outage,corrupt,second"]
+         "--faults", "kill9,corrupt"]
 
 
 def _chaos(tmp_path: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -35,23 +37,21 @@ def _chaos(tmp_path: Path, *args: str, timeout: float = 900) -> subprocess.Compl
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_chaos_on_the_demo_passes_every_fault(tmp_path: Path) -> None:
+def test_chaos_on_the_demo_passes_a_kill_and_a_corrupt_newest_checkpoint(tmp_path: Path) -> None:
     work = tmp_path / "work"
     proc = _chaos(tmp_path, *SHORT, "--seed", "11", "--workdir", str(work), "--json")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads(proc.stdout)
     assert report["ok"] and report["reference"]["rows"] > 0
     verdicts = {v["fault"]: v for v in report["faults"]}
-    assert list(verdicts) == ["kill9", "outage", "corrupt", "second"]
+    assert list(verdicts) == ["kill9", "corrupt"]
     for fault, v in verdicts.items():
         assert v["passed"] and v["lost"] == 0 and v["duplicated"] == 0 and v["unexpected"] == 0, (fault, v)
         assert v["committed"] == report["reference"]["rows"], (fault, v)
     assert verdicts["kill9"]["restarts"] >= 1
-    assert verdicts["outage"]["restarts"] == 0
     assert verdicts["corrupt"]["restarts"] >= 1
-    assert "refused" in verdicts["second"]["injected"]
     # Every run left its log in the work directory.
-    assert (work / "reference" / "run.log").exists() and (work / "second" / "second.log").exists()
+    assert (work / "reference" / "run.log").exists() and list((work / "corrupt").glob("*.log"))
 
 
 def test_chaos_refuses_a_sink_path_it_cannot_redirect(tmp_path: Path) -> None:
