@@ -28,6 +28,15 @@ def test_spark_and_the_python_parser_refuse_the_same_strings(spark) -> None:
             parse_ddl(ddl, "s")
 
 
+def test_a_refused_schema_gets_the_same_line_with_a_session_running_as_without_one(spark) -> None:
+    for ddl in REFUSED_DDL:
+        with pytest.raises(StateSchemaError) as python:
+            parse_ddl(ddl, "state 's'")
+        with pytest.raises(StateSchemaError) as with_spark:
+            parse_with_spark(ddl, "state 's'")
+        assert str(with_spark.value) == str(python.value), ddl
+
+
 def test_with_a_session_running_a_declared_schema_is_parsed_by_spark(spark, monkeypatch) -> None:
     import sparkpoint.state.codec as codec
 
