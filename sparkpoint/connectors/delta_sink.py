@@ -354,11 +354,8 @@ class DeltaSink(Sink):
         app = self._app()
         for attempt in range(3):
             table = self._load()
-            if table is not None:
-                done = table.transaction_version(app)
-                if done is not None and done >= cid:
-                    log.debug("sink %s: checkpoint %d is committed (txn %s of %s)", self.name, cid, done, app)
-                    return
+            if self._holds(table, app, cid, "committed"):
+                return
             active = self._active(table)
             new = [f for f in files if f["path"] not in active]
             if not new:
@@ -393,6 +390,15 @@ class DeltaSink(Sink):
             return
         raise StorageError(f"sink {self.name}: could not create Delta table {self.table_uri}: it keeps appearing "
                            f"and disappearing")
+
+    def _holds(self, table: Any, app: str, cid: int, verb: str) -> bool:
+        """Whether the table's txn record says checkpoint `cid` is in it already (a
+        replayed commit is then a no-op)."""
+        done = None if table is None else table.transaction_version(app)
+        if done is not None and done >= cid:
+            log.debug("sink %s: checkpoint %d is %s (txn %s of %s)", self.name, cid, verb, done, app)
+            return True
+        return False
 
     # -- merge by key ---------------------------------------------------------------------
     def _check_mode(self) -> None:
@@ -440,11 +446,8 @@ class DeltaSink(Sink):
         app = self._app()
         for attempt in range(3):
             table = self._load()
-            if table is not None:
-                done = table.transaction_version(app)
-                if done is not None and done >= cid:
-                    log.debug("sink %s: checkpoint %d is merged (txn %s of %s)", self.name, cid, done, app)
-                    return
+            if self._holds(table, app, cid, "merged"):
+                return
             first = self._next_epoch(table)
             pending = [f for f in files if f["epoch"] >= first]
             if not pending:
