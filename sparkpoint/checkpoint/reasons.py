@@ -162,3 +162,28 @@ class CheckpointFailureReason(Enum):
 
     def __str__(self) -> str:
         return self.name
+
+
+class RestoreRefusal(Enum):
+    """Why a job refused to start from its checkpoints (or a savepoint): the run stops
+    before any epoch, so nothing is lost, and the restart strategy does not retry it
+    (the same checkpoints would be refused again). Counted per reason in
+    ``sparkpoint_restore_refusals_total``; the error's own line says what to do."""
+
+    message: str
+
+    def __new__(cls, message: str) -> "RestoreRefusal":
+        member = object.__new__(cls)
+        member._value_ = len(cls.__members__)
+        member.message = message
+        return member
+
+    INCOMPATIBLE_STATE_SCHEMA = "a step declares its state so that the checkpoint's state cannot be read"
+    NO_VALID_CHECKPOINT = "none of the job's completed checkpoints (or the savepoint given) restores"
+    UNREPLAYABLE_PUBLISHED_EPOCHS = "the sink published epochs that the sources cannot replay identically"
+    OUTPUT_WITHOUT_CHECKPOINT = "the sink output holds committed epochs but the job has no checkpoint"
+    UNCLAIMED_STATE = "the checkpoint holds the state of a step the pipeline no longer has"
+    CHANGED_MAX_PARALLELISM = "the checkpoint was taken with another pipeline.max-parallelism"
+
+    def __str__(self) -> str:
+        return self.name

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from sparkpoint.checkpoint.reasons import CheckpointFailureReason
+from sparkpoint.checkpoint.reasons import CheckpointFailureReason, RestoreRefusal
 
 # Durations kept for percentiles: enough for a day of one-minute checkpoints.
 _DURATION_WINDOW = 1440
@@ -67,6 +67,7 @@ class CheckpointStatsTracker:
         self._declined = 0  # "not now" refusals before an id was assigned
         self._restored = 0
         self._failed_by_reason: _Tally[str] = _Tally()
+        self._restore_refusals: _Tally[str] = _Tally()
         self._in_progress: set[int] = set()
         self._durations_ms: deque[int] = deque(maxlen=_DURATION_WINDOW)
         self._sizes: deque[int] = deque(maxlen=_DURATION_WINDOW)
@@ -112,6 +113,9 @@ class CheckpointStatsTracker:
         self._m_restored = Counter("sparkpoint_checkpoint_restores",
                                    "Times the job restored from a completed checkpoint", labels,
                                    registry=self.registry)
+        self._m_refused = Counter("sparkpoint_restore_refusals",
+                                  "Restores refused before anything ran, by reason", labels + ["reason"],
+                                  registry=self.registry)
         # Present from the start, so a dashboard shows 0 rather than "no data".
         for m in (self._m_triggered, self._m_completed, self._m_in_progress, self._m_restored):
             m.labels(self.job_name)
@@ -249,6 +253,12 @@ class CheckpointStatsTracker:
                                    is not None else self._now_ms()}
         self._m_restored.labels(self.job_name).inc()
 
+    def report_restore_refused(self, reason: RestoreRefusal) -> None:
+        """The job refused to start from its checkpoints (or a savepoint) for `reason`."""
+        with self._lock:
+            self._restore_refusals[reason.name] += 1
+        self._m_refused.labels(self.job_name, reason.name).inc()
+
     # ------------------------------------------------------------------ views
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -262,6 +272,7 @@ class CheckpointStatsTracker:
                 "aborted": self._aborted,
                 "declined": self._declined,
                 "restored": self._restored,
+                "restore_refusals": dict(self._restore_refusals),
                 "failures_by_reason": dict(self._failed_by_reason),
                 # What a person calls "failed": reasons that count toward the tolerance
                 # (not "scheduler stopped at shutdown" and other not-now outcomes).

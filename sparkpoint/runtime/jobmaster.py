@@ -63,7 +63,7 @@ from sparkpoint.runtime.failures import (
 from sparkpoint.runtime.failures import summarize as _summary
 from sparkpoint.runtime.gateway import RuntimeGateway
 from sparkpoint.runtime.restart import restart_strategy_from
-from sparkpoint.runtime.restore import Restorer, StateRestore
+from sparkpoint.runtime.restore import Restorer, StateRestore, restore_refusal
 from sparkpoint.runtime.participants import all_participants, sink_participant, source_participant, \
     state_participant, step_participants
 from sparkpoint.runtime.savepoints import SavepointControl, StopEpochs, StopOutcome, StopRequest, savepoint_path
@@ -556,7 +556,13 @@ class JobMaster:
         self._failover_reason = None
         self.final_done = False
         self.coordinator.restore_latest()
-        self.restorer.restore(list(reversed(self.coordinator.completed_store.all())))
+        try:
+            self.restorer.restore(list(reversed(self.coordinator.completed_store.all())))
+        except Exception as e:
+            refusal = restore_refusal(e)
+            if refusal is not None:  # the error's own line is what the job prints; this counts it
+                self.coordinator.stats.report_restore_refused(refusal)
+            raise
 
     def _failing_step(self, e: BaseException) -> str | None:
         text = str(e)

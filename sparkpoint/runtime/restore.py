@@ -16,7 +16,9 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from sparkpoint.checkpoint.interfaces import CompletedCheckpointData
-from sparkpoint.errors import ConfigError, CorruptCheckpointError, CorruptSnapshotError, NoValidCheckpointError
+from sparkpoint.checkpoint.reasons import RestoreRefusal
+from sparkpoint.errors import (ConfigError, CorruptCheckpointError, CorruptSnapshotError, IncompatibleStateSchemaError,
+                               NoValidCheckpointError, PublishedEpochsNotReplayableError)
 from sparkpoint.runtime.epoch_replay import EpochReplay
 from sparkpoint.runtime.failures import JOB, python_failure
 from sparkpoint.runtime.failures import summarize as _summary
@@ -28,7 +30,26 @@ from sparkpoint.storage.handles import checkpoint_file_entries
 
 log = logging.getLogger("sparkpoint.runtime.jobmaster")
 
-__all__ = ["Restorer", "StateRestore", "state_by_step", "corrupt_restored_checkpoint"]
+__all__ = ["Restorer", "StateRestore", "state_by_step", "corrupt_restored_checkpoint", "restore_refusal"]
+
+
+def _refusal(error: BaseException, refusal: RestoreRefusal) -> BaseException:
+    error.restore_refusal = refusal  # type: ignore[attr-defined]
+    return error
+
+
+def restore_refusal(e: BaseException) -> RestoreRefusal | None:
+    """Why `e`, raised while restoring, refuses the restore; None if it is not a refusal."""
+    explicit = getattr(e, "restore_refusal", None)
+    if isinstance(explicit, RestoreRefusal):
+        return explicit
+    if isinstance(e, IncompatibleStateSchemaError):
+        return RestoreRefusal.INCOMPATIBLE_STATE_SCHEMA
+    if isinstance(e, PublishedEpochsNotReplayableError):
+        return RestoreRefusal.UNREPLAYABLE_PUBLISHED_EPOCHS
+    if isinstance(e, NoValidCheckpointError):
+        return RestoreRefusal.NO_VALID_CHECKPOINT
+    return None
 
 
 def corrupt_restored_checkpoint(e: BaseException, restored: CompletedCheckpointData | None) -> bool:
@@ -62,10 +83,11 @@ class StateRestore:
     def check_max_parallelism(self, handles: dict, what: str) -> None:
         was = {h.get("max_parallelism") for h in handles.values() if isinstance(h, dict)}
         if was and was != {self.max_parallelism}:
-            raise ConfigError(
+            raise _refusal(ConfigError(
                 f"{what} was taken with pipeline.max-parallelism={sorted(map(str, was))[0]}, this run has "
                 f"{self.max_parallelism}: keys are spread over max-parallelism key groups, so it cannot "
-                f"change across a restore. Run with --set pipeline.max-parallelism={sorted(map(str, was))[0]}")
+                f"change across a restore. Run with --set pipeline.max-parallelism={sorted(map(str, was))[0]}"),
+                RestoreRefusal.CHANGED_MAX_PARALLELISM)
 
     def redistribute(self, step: str, data: CompletedCheckpointData, old_handles: dict, source: Any,
                      savepoint: str | None) -> None:
@@ -181,11 +203,12 @@ class Restorer:
             for sink in self.sinks.values():
                 committed = sink.committed_epochs()
                 if committed and self.settings.restore_mode != "empty":
-                    raise ConfigError(
+                    raise _refusal(ConfigError(
                         f"the sink output {sink.location} already holds committed output of "
                         f"{len(committed)} epoch(s), but job {self.job_name} has no checkpoint in "
                         f"{self.storage.layout.root}: starting would mix two runs' output. Use an empty output "
-                        f"directory, or the checkpoint directory of the run that wrote it")
+                        f"directory, or the checkpoint directory of the run that wrote it"),
+                        RestoreRefusal.OUTPUT_WITHOUT_CHECKPOINT)
         self.gateway.set_restoring([])
         for lineages in self.lineages_of.values():
             lineages.reset_empty()
@@ -313,10 +336,11 @@ class Restorer:
             log.warning("job %s: %s holds the state of step(s) %s, which the pipeline no longer has; that state is "
                         "dropped (execution.savepoint.ignore-unclaimed-state=true)", self.job_name, what, names)
             return
-        raise ConfigError(
+        raise _refusal(ConfigError(
             f"{what} holds the state of step {names}, which the pipeline no longer has (a step's name is its "
             f"state's identity): give the step its old name back, or drop its state with "
-            f"--allow-non-restored-state (execution.savepoint.ignore-unclaimed-state=true)")
+            f"--allow-non-restored-state (execution.savepoint.ignore-unclaimed-state=true)"),
+            RestoreRefusal.UNCLAIMED_STATE)
 
     def first_epoch_done(self) -> None:
         """The first epoch after a restore is done: every subtask holds its state (and a

@@ -142,6 +142,7 @@ def test_a_renamed_step_stops_the_restore_with_one_line_naming_it_unless_its_sta
     assert "holds the state of step 'revenue', which the pipeline no longer has" in line
     assert "--allow-non-restored-state (execution.savepoint.ignore-unclaimed-state=true)" in line
     assert "does not cover every key group" not in line
+    assert refused.job.coordinator.stats.snapshot()["restore_refusals"] == {"UNCLAIMED_STATE": 1}
 
     dropped = JobMaster(graph(name, tmp_path / "in", out, revenue_step="revenue_v2"),
                         job_settings(tmp_path, name, **{"execution.savepoint.ignore-unclaimed-state": True}),

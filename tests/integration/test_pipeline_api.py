@@ -123,14 +123,26 @@ def test_bad_starts_are_refused_with_one_clear_error_and_touch_no_output(spark, 
 
     # The checkpoints were taken with max parallelism 128 (key groups): restoring them
     # with another is refused (another parallelism is a rescale: tests/integration/test_savepoints_rescale.py).
+    rescaled = JobMaster(pipeline(out), _settings(tmp_path, **{"pipeline.max-parallelism": 64}), spark=spark)
     with pytest.raises(ConfigError, match="max-parallelism=128.*--set pipeline.max-parallelism=128"):
-        JobMaster(pipeline(out), _settings(tmp_path, **{"pipeline.max-parallelism": 64}), spark=spark).run()
+        rescaled.run()
+    assert refusals(rescaled) == {"CHANGED_MAX_PARALLELISM": 1}
 
     # Committed output but no checkpoint of this job (another checkpoint dir): refused, not mixed.
+    elsewhere = JobMaster(pipeline(out), _settings(tmp_path, **{"execution.checkpointing.dir": str(tmp_path / "other")}),
+                          spark=spark)
     with pytest.raises(ConfigError, match="already holds committed output"):
-        JobMaster(pipeline(out), _settings(tmp_path, **{"execution.checkpointing.dir": str(tmp_path / "other")}),
-                  spark=spark).run()
+        elsewhere.run()
+    assert refusals(elsewhere) == {"OUTPUT_WITHOUT_CHECKPOINT": 1}
     assert sorted(p.name for p in out.iterdir()) == committed
+
+
+def refusals(job: JobMaster) -> dict[str, int]:
+    """The job's restore refusals as its metrics export them, by reason."""
+    registry = job.coordinator.stats.registry
+    return {s.labels["reason"]: int(s.value) for metric in registry.collect()
+            if metric.name == "sparkpoint_restore_refusals" for s in metric.samples
+            if s.name.endswith("_total") and s.value}
 
 
 def test_a_bounded_job_with_periodic_checkpoints_disabled_commits_its_output_once_and_finishes(spark, tmp_path):

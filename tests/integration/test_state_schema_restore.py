@@ -87,6 +87,8 @@ def test_compatible_changes_restore_and_an_incompatible_one_stops_the_job_in_one
     assert "\n" not in line and "step 'totals', state 'totals', field 'total' is dropped" in line
     assert "give the state a new name" in line
     assert refused.status.status == JobStatus.FAILED and refused.restarts == 0
+    assert refused.coordinator.stats.registry.get_sample_value(
+        "sparkpoint_restore_refusals_total", {"job_name": JOB, "reason": "INCOMPATIBLE_STATE_SCHEMA"}) == 1
     assert sorted(p.name for p in (tmp_path / "chk" / JOB).glob("chk-*")) == before
 
     # A widened number and an appended nullable field restore; the job goes on.
