@@ -89,6 +89,7 @@ _IMPLAUSIBLE_BARE_MS = {
     "restart-strategy.exponential-delay.reset-backoff-threshold": 100,
     "sparkpoint.progress.interval": 100,
     "sparkpoint.epoch.target-duration": 50,
+    "sparkpoint.epoch.max-duration": 50,
 }
 _BARE_NUMBER_RE = re.compile(r"^\s*\d+(?:\.\d+)?\s*$")
 
@@ -270,6 +271,11 @@ class Settings(_Model):
     # trigger falls in, so this bounds checkpoint duration and output latency, at the cost
     # of more per-epoch overhead. 0: epochs are bounded by the sources' own limits only.
     epoch_target_ms: int = Field(0, alias="sparkpoint.epoch.target-duration")
+    # Without a target: once an epoch takes longer than this, the next ones are cut to half
+    # of it (runtime/epoch_sizer.py). A checkpoint spans at most two epochs, so the default,
+    # a quarter of execution.checkpointing.timeout, keeps a slow step from making checkpoints
+    # expire. Unset: that quarter. 0: epochs are never cut.
+    epoch_max_ms: int | None = Field(None, alias="sparkpoint.epoch.max-duration")
     progress: bool = Field(True, alias="sparkpoint.progress")
     progress_interval_ms: int = Field(1_000, alias="sparkpoint.progress.interval")
     metrics_port: int | None = Field(None, alias="metrics.prometheus.port")
@@ -289,6 +295,11 @@ class Settings(_Model):
     _unit_warnings: list[str] = PrivateAttr(default_factory=list)
 
     @property
+    def epoch_ceiling_ms(self) -> int:
+        """How long an epoch may take before the next ones are cut (0: never cut)."""
+        return self.checkpoint_timeout_ms // 4 if self.epoch_max_ms is None else self.epoch_max_ms
+
+    @property
     def unit_warnings(self) -> list[str]:
         """Bare numbers for durations that are implausibly small (logged at job start)."""
         return list(self._unit_warnings)
@@ -297,10 +308,11 @@ class Settings(_Model):
         "checkpoint_interval_ms", "checkpoint_min_pause_ms", "checkpoint_timeout_ms", "fixed_delay_ms",
         "exp_initial_backoff_ms", "exp_max_backoff_ms", "exp_reset_threshold_ms", "failure_rate_interval_ms",
         "failure_rate_delay_ms", "lease_ttl_ms", "idle_pause_ms", "progress_interval_ms",
-        "materialize_interval_ms", "epoch_target_ms", "executor_registration_timeout_ms", mode="before")
+        "materialize_interval_ms", "epoch_target_ms", "epoch_max_ms", "executor_registration_timeout_ms",
+        mode="before")
     @classmethod
-    def _duration(cls, v: Any) -> int:
-        return parse_duration_ms(v)
+    def _duration(cls, v: Any) -> int | None:
+        return None if v is None else parse_duration_ms(v)
 
     @field_validator("checkpoint_interval_ms", "checkpoint_timeout_ms", "parallelism", "max_parallelism",
                      "checkpoint_max_concurrent", "num_retained", "materialize_max_changelogs")
@@ -338,10 +350,10 @@ class Settings(_Model):
         return out
 
     @field_validator("tolerable_failed_checkpoints", "checkpoint_min_pause_ms", "same_failure_max_attempts",
-                     "epoch_target_ms", "executor_registration_timeout_ms")
+                     "epoch_target_ms", "epoch_max_ms", "executor_registration_timeout_ms")
     @classmethod
-    def _non_negative(cls, v: int) -> int:
-        if v < 0:
+    def _non_negative(cls, v: int | None) -> int | None:
+        if v is not None and v < 0:
             raise ValueError("must be 0 or more")
         return v
 

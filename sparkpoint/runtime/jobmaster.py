@@ -171,7 +171,12 @@ class JobMaster:
         self.restarts = 0
         self.final_done = False
         self.restorer: Restorer | None = None  # with the Spark session and storage (_setup)
-        self.epoch_sizer = EpochSizer(settings.epoch_target_ms) if settings.epoch_target_ms else None
+        if settings.epoch_target_ms:
+            self.epoch_sizer: EpochSizer | None = EpochSizer(settings.epoch_target_ms)
+        elif settings.epoch_ceiling_ms:
+            self.epoch_sizer = EpochSizer.ceiling(settings.epoch_ceiling_ms)
+        else:
+            self.epoch_sizer = None
         self.epoch_plans = EpochReplay(None)  # with its log once storage is open (_setup)
 
     # ------------------------------------------------------------------ participants
@@ -754,19 +759,25 @@ class JobMaster:
         return outcome is not StopOutcome.KEEP_RUNNING
 
     def _sized(self, plans: dict[str, SlicePlan]):
-        """The plans cut to the epoch sizer's budget; with the units planned and taken. The
-        sizer learns one source's pace: a job with several sources is not sized."""
-        if self.epoch_sizer is None or len(plans) != 1:
+        """The plans cut to the epoch sizer's budget; with the units planned and taken. With
+        several sources the budget is over all their units and each source's slice is cut
+        by the same fraction, so no input runs ahead of the others; a source that cannot
+        count its plan's units is never cut."""
+        if self.epoch_sizer is None:
             return plans, None, None
-        (name, plan), = plans.items()
-        src = self.sources[name]
-        planned = src.plan_size(plan)
+        sizes = {name: self.sources[name].plan_size(plan) for name, plan in plans.items()}
+        planned = sum(n for n in sizes.values() if n)
         if not planned:
             return plans, None, None
         units = self.epoch_sizer.limit(planned)
-        if units < planned:
-            plan = src.shrink(plan, units)
-        return {name: plan}, planned, src.plan_size(plan)
+        if units >= planned:
+            return plans, planned, planned
+        cut = dict(plans)
+        for name, n in sizes.items():
+            if n:
+                cut[name] = self.sources[name].shrink(plans[name], max(1, n * units // planned))
+        taken = sum(self.sources[name].plan_size(cut[name]) or 0 for name, n in sizes.items() if n)
+        return cut, planned, taken
 
     def _run_one_epoch(self, plans: dict[str, SlicePlan], final: bool) -> None:
         """One epoch of the whole graph, the barrier at its end (docs/runtime.md):

@@ -112,3 +112,63 @@ def test_a_bad_target_is_one_config_error_naming_the_key():
     assert Settings.load().epoch_target_ms == 0  # off by default
     with pytest.raises(ConfigError, match="sparkpoint.epoch.target-duration.*soon"):
         Settings.load(overrides={"sparkpoint.epoch.target-duration": "soon"})
+
+
+# -- the ceiling (no target set): a slow step must not make checkpoints expire ------------
+
+def test_under_the_ceiling_epochs_keep_the_sources_own_limits():
+    sizer = EpochSizer.ceiling(15_000)
+    epochs = run(sizer, 10, lambda n: 0.4 + 2e-6 * n)  # 1.4 s epochs: well under 15 s
+    assert {size for size, _ in epochs} == {500_000}
+    assert sizer.budget is None
+
+
+def test_an_epoch_past_the_ceiling_cuts_the_next_to_half_of_it_at_once(caplog):
+    sizer = EpochSizer.ceiling(15_000)
+    with caplog.at_level(logging.WARNING, logger="sparkpoint.runtime.epoch_sizer"):
+        # A Python processor at ~8k records/s: a 500k-record epoch takes a minute.
+        epochs = run(sizer, 6, lambda n: 0.5 + n / 8_000)
+    assert epochs[0][1] > 60
+    # Not a quarter per epoch as for a target: the first cut epoch is already under the ceiling.
+    assert all(took <= 15 for _, took in epochs[1:]), epochs
+    assert epochs[-1][1] == pytest.approx(7.5, rel=0.05)
+    lines = [r.getMessage() for r in caplog.records if "max-duration" in r.getMessage()]
+    assert len(lines) == 1
+    assert "execution.checkpointing.timeout" in lines[0] and "runs slower rather than failing" in lines[0]
+
+
+def test_a_cut_job_that_speeds_up_goes_back_to_the_sources_own_limits():
+    sizer = EpochSizer.ceiling(15_000)
+    run(sizer, 3, lambda n: 0.5 + n / 8_000)
+    assert sizer.budget is not None
+    run(sizer, 12, lambda n: 0.5 + 2e-6 * n)  # the slow step got fast again
+    assert sizer.budget is None and sizer.limit(500_000) == 500_000
+
+
+def test_the_ceiling_defaults_to_a_quarter_of_the_checkpoint_timeout_and_0_turns_it_off():
+    from sparkpoint import Settings
+
+    assert Settings.load().epoch_ceiling_ms == 15_000
+    assert Settings.load(overrides={"execution.checkpointing.timeout": "10 min"}).epoch_ceiling_ms == 150_000
+    assert Settings.load(overrides={"sparkpoint.epoch.max-duration": "20 s"}).epoch_ceiling_ms == 20_000
+    assert Settings.load(overrides={"sparkpoint.epoch.max-duration": 0}).epoch_ceiling_ms == 0
+
+
+def test_a_job_with_several_sources_has_each_slice_cut_by_the_same_fraction():
+    from types import SimpleNamespace
+
+    from sparkpoint.runtime.jobmaster import JobMaster
+
+    sources = {"bids": GeneratorSource("bids", keys=10, total_events=10**6),
+               "auctions": GeneratorSource("auctions", keys=10, total_events=10**6)}
+    plans = {"bids": SlicePlan({"0": 0, "1": 0}, {"0": 10_000, "1": 10_000}),
+             "auctions": SlicePlan({"0": 500}, {"0": 10_500})}
+    sizer = EpochSizer.ceiling(1_000)
+    job = SimpleNamespace(sources=sources, epoch_sizer=sizer)
+    assert JobMaster._sized(job, plans) == (plans, 30_000, 30_000)  # not cut yet
+
+    sizer.observe(30_000, 30_000, 3.0)  # 3 s against a 1 s ceiling: aim at 0.5 s
+    cut, planned, taken = JobMaster._sized(job, plans)
+    assert (planned, taken) == (30_000, 4_998)  # 3,333 bids over two splits, 1,666 auctions
+    assert cut["bids"].end == {"0": 1_666, "1": 1_666} and cut["auctions"].end == {"0": 500 + 1_666}
+    assert cut["bids"].start == plans["bids"].start and cut["auctions"].start == plans["auctions"].start
