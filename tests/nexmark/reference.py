@@ -117,6 +117,21 @@ def q5(e: Events) -> pd.DataFrame:
     return counts[counts.num >= maxn][["auction", "num"]].reset_index(drop=True)
 
 
+def q11(e: Events) -> pd.DataFrame:
+    """Bids per bidder and session: GROUP BY bidder, SESSION(dateTime, INTERVAL '10' SECOND).
+    A bidder's session runs from its first bid to 10 s after its last; a bid more than 10 s
+    after the one before it (by time) opens the next session, a bid exactly 10 s after it
+    (spans that touch) stays in the same one, as Flink merges session windows."""
+    gap = pd.Timedelta(seconds=10)
+    b = e.bid[["bidder", "dateTime"]].sort_values(["bidder", "dateTime"], kind="stable")
+    after = b.groupby("bidder").dateTime.diff()
+    session = (after.isna() | (after > gap)).cumsum()
+    sessions = b.groupby(session).agg(bidder=("bidder", "first"), bid_count=("dateTime", "size"),
+                                      starttime=("dateTime", "min"), last=("dateTime", "max"))
+    return pd.DataFrame({"bidder": sessions.bidder, "bid_count": sessions.bid_count.astype("int64"),
+                         "starttime": sessions.starttime, "endtime": sessions["last"] + gap}).reset_index(drop=True)
+
+
 def q7(e: Events) -> pd.DataFrame:
     """The bids that carry the highest price of a 10 s window: bid B JOIN (SELECT
     MAX(price) AS maxprice, window_end AS dateTime FROM TUMBLE(bid, dateTime, 10 s) GROUP BY
@@ -290,6 +305,6 @@ def q19(e: Events) -> pd.DataFrame:
 
 
 QUERIES: dict[str, Callable[[Events], pd.DataFrame]] = {
-    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8, "q9": q9, "q10": q10,
+    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8, "q9": q9, "q10": q10, "q11": q11,
     "q13": q13, "q14": q14, "q15": q15, "q16": q16, "q17": q17, "q18": q18, "q19": q19, "q20": q20, "q21": q21,
 }

@@ -123,6 +123,15 @@ def test_q10_adds_the_utc_day_and_minute():
     assert sorted(zip(got.dt, got.hm)) == [("2023-11-14", "22:13"), ("2023-11-14", "23:59"), ("2023-11-15", "00:00")]
 
 
+def test_q11_counts_each_bidders_sessions_a_gap_of_exactly_10_s_keeping_one_session():
+    e = events(bids=[bid(bidder=1, at_s=0), bid(bidder=1, at_s=4), bid(bidder=1, at_s=14),  # 10 s after 4: touches
+                     bid(bidder=1, at_s=24.001),                                            # over 10 s: a new one
+                     bid(bidder=2, at_s=3), bid(bidder=1, at_s=30)])                        # bidders apart
+    assert_same_rows(reference.q11(e), expect([(1, 3, at(0), at(24)), (1, 2, at(24.001), at(40)),
+                                               (2, 1, at(3), at(13))],
+                                              ["bidder", "bid_count", "starttime", "endtime"]))
+
+
 def test_q13_enriches_bids_by_auction_modulo_10000(tmp_path):
     from sparkpoint.connectors.nexmark_io import write_side_input
 
