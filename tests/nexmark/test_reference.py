@@ -132,6 +132,17 @@ def test_q11_counts_each_bidders_sessions_a_gap_of_exactly_10_s_keeping_one_sess
                                               ["bidder", "bid_count", "starttime", "endtime"]))
 
 
+def test_q12_counts_each_bidders_bids_per_10_s_window_of_the_processing_time_they_were_read_at():
+    read_at = [T0 + pd.Timedelta(seconds=s) for s in (0, 9.999, 10, 10, 35)]
+    e = events(bids=[bid(bidder=1, at_s=500), bid(bidder=1), bid(bidder=1), bid(bidder=2), bid(bidder=1)])
+    e = Events(e.person, e.auction, e.bid.assign(p_time=read_at))
+    assert_same_rows(reference.q12(e), expect([(1, 2, at(0), at(10)), (1, 1, at(10), at(20)), (2, 1, at(10), at(20)),
+                                               (1, 1, at(30), at(40))],
+                                              ["bidder", "bid_count", "starttime", "endtime"]))
+    with pytest.raises(ValueError, match="processing time"):
+        reference.q12(events(bids=[bid()]))  # event time is no stand-in for it
+
+
 def test_q13_enriches_bids_by_auction_modulo_10000(tmp_path):
     from sparkpoint.connectors.nexmark_io import write_side_input
 
