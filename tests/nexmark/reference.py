@@ -145,6 +145,21 @@ def q12(e: Events) -> pd.DataFrame:
                          "starttime": counts.starttime, "endtime": counts.starttime + WINDOW})
 
 
+def q6(e: Events, last: int = 10) -> pd.DataFrame:
+    """Average selling price by seller (nexmark's definition; Flink does not run its SQL):
+    the winning price of each auction is MAX(B.price) of its bids while open, as in q4; a
+    seller's auctions are taken in the order they close (expires, then id), and each gives
+    one row: the seller and the average winning price of it and the seller's `last` - 1
+    auctions closed before it, a BIGINT as Flink's AVG (sum // count). The sink table
+    declares seller VARCHAR: the id's digits."""
+    won = _bids_while_open(e).groupby(["id", "seller", "expires"]).bid_price.max().rename("final").reset_index()
+    won = won.sort_values(["seller", "expires", "id"]).reset_index(drop=True)
+    total = won.groupby("seller").final.cumsum()
+    before = total.groupby(won.seller).shift(last, fill_value=0)  # the sum of the auctions out of the frame
+    count = (won.groupby("seller").cumcount() + 1).clip(upper=last)
+    return pd.DataFrame({"seller": won.seller.astype(str), "avg_price": ((total - before) // count).astype("int64")})
+
+
 def q7(e: Events) -> pd.DataFrame:
     """The bids that carry the highest price of a 10 s window: bid B JOIN (SELECT
     MAX(price) AS maxprice, window_end AS dateTime FROM TUMBLE(bid, dateTime, 10 s) GROUP BY
@@ -318,7 +333,7 @@ def q19(e: Events) -> pd.DataFrame:
 
 
 QUERIES: dict[str, Callable[[Events], pd.DataFrame]] = {
-    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8, "q9": q9, "q10": q10,
+    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q6": q6, "q7": q7, "q8": q8, "q9": q9, "q10": q10,
     "q11": q11, "q12": q12, "q13": q13, "q14": q14, "q15": q15, "q16": q16, "q17": q17, "q18": q18, "q19": q19,
     "q20": q20, "q21": q21,
 }

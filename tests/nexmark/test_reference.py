@@ -83,6 +83,23 @@ def test_q4_averages_winning_prices_per_category_truncated_counting_bids_while_o
     assert_same_rows(reference.q4(e), expect([(10, 33)], ["id", "final"]))  # (60 + 7) / 2 = 33.5 -> 33
 
 
+def test_q6_averages_each_sellers_last_winning_prices_in_the_order_their_auctions_close():
+    # seller 1's auctions close at 10, 20, 30, 30 (id 4 before id 5), 40; seller 2's at 15
+    e = events(auctions=[auction(1, seller=1, expires_s=10), auction(2, seller=1, expires_s=20),
+                         auction(5, seller=1, expires_s=30), auction(4, seller=1, expires_s=30),
+                         auction(3, seller=1, expires_s=40), auction(6, seller=2, expires_s=15),
+                         auction(7, seller=2, expires_s=50)],  # no bid while open: no row
+               bids=[bid(1, 10, at_s=9), bid(1, 30, at_s=1),      # the winner is the highest, not the last
+                     bid(2, 40, at_s=19), bid(3, 5, at_s=2), bid(4, 61, at_s=3), bid(5, 100, at_s=4),
+                     bid(6, 7, at_s=5), bid(7, 99, at_s=51)])
+    # last 3: 30 | 30, 40 | 30, 40, 61 | 40, 61, 100 | 61, 100, 5 (the frame drops the oldest)
+    assert_same_rows(reference.q6(e, last=3), expect([("1", 30), ("1", 35), ("1", 43), ("1", 67), ("1", 55),
+                                                      ("2", 7)], ["seller", "avg_price"]))
+    # nexmark's last 10 by default: here every auction of the seller so far
+    assert_same_rows(reference.q6(e), expect([("1", 30), ("1", 35), ("1", 43), ("1", 57), ("1", 47), ("2", 7)],
+                                             ["seller", "avg_price"]))
+
+
 def test_q7_finds_each_windows_highest_bids_and_a_bid_at_a_windows_end_matches_it_too():
     e = events(bids=[bid(price=5, at_s=1, bidder=1), bid(price=9, at_s=3, bidder=2), bid(price=9, at_s=7, bidder=3),
                      # the first instant of the next window: its maximum, and the previous window's (BETWEEN)
