@@ -18,6 +18,12 @@ epoch) are compared by their result: per key the row of the latest epoch, as
 tests/nexmark/test_examples.py reads them; a key written twice in one epoch counts as
 duplicated. Every other query appends, so every committed row is a result row.
 
+q12 counts bids in windows of processing time, which belongs to the run: its oracle is
+the reference given the processing times the committed result shows
+(tests/nexmark/processing_time.py), which must put every input file's bids whole in one
+window, the files' windows in file order, every bid counted once; a result that no
+processing times could give fails with the reason.
+
 Needs the repository's tests/ on the path (run from the repository root). Too slow for
 `make test` (a Spark start per run, two or more runs per query).
 """
@@ -42,9 +48,9 @@ sys.path.insert(0, str(REPO))
 import pandas as pd  # noqa: E402
 
 from sparkpoint.ops.chaos import Chaos, Run  # noqa: E402
-from tests.nexmark import reference  # noqa: E402
+from tests.nexmark import processing_time, reference  # noqa: E402
 from tests.nexmark.rows import row_counts  # noqa: E402
-from tests.nexmark.test_examples import EXPRESSIBLE, UPDATING  # noqa: E402
+from tests.nexmark.test_examples import EXPRESSIBLE, PROCESSING_TIME, UPDATING, sink_columns  # noqa: E402
 
 EPOCH = re.compile(r"RUNNING epoch (\d+)")
 COMPLETED = re.compile(r"completed checkpoint (\d+) of job")
@@ -66,10 +72,14 @@ def result_rows(query: str, committed: pd.DataFrame, columns: list[str]) -> tupl
 class OracleChaos(Chaos):
     """chaos's kill9 fault, judged against the oracle's result instead of a fault-free run."""
 
-    def __init__(self, query: str, columns: list[str], span: float, **kwargs):
+    def __init__(self, query: str, columns: list[str], span: float, oracle_of_result=None, **kwargs):
         super().__init__(**kwargs)
         self.query, self.columns, self.oracle_span = query, columns, span
         self.twice_in_an_epoch = 0
+        # A processing-time query's oracle depends on the run: made from its committed result.
+        self.oracle_of_result = oracle_of_result
+        self.oracle_rows: int | None = None
+        self.inconsistent: str | None = None
 
     def reference(self):
         info = super().reference()
@@ -83,7 +93,14 @@ class OracleChaos(Chaos):
         committed = read_committed(str(path)) if path.exists() else None
         if committed is None or not committed.num_columns:
             return Counter()
-        rows, twice = result_rows(self.query, committed.to_pandas(), self.columns)
+        frame = committed.to_pandas()
+        if self.oracle_of_result is not None:
+            try:
+                expected = self.oracle_of_result(frame[self.columns])
+            except processing_time.InconsistentResult as e:
+                self.inconsistent, expected = str(e).splitlines()[0], frame.iloc[:0]
+            self.expected, self.oracle_rows = row_counts(expected[self.columns]), len(expected)
+        rows, twice = result_rows(self.query, frame, self.columns)
         self.twice_in_an_epoch = twice
         return rows
 
@@ -93,14 +110,30 @@ def _last(rx: re.Pattern, run: Run) -> int | None:
     return found[-1] if found else None
 
 
+def read_at(events: reference.Events, input_dir: Path):
+    """q12's oracle of a run's result: the reference given the processing times it shows."""
+    files = processing_time.rows_per_file(str(input_dir / "bid"))
+
+    def oracle(result: pd.DataFrame) -> pd.DataFrame:
+        times = processing_time.processing_times(events.bid.bidder, files, result)
+        return reference.QUERIES["q12"](reference.Events(events.person, events.auction,
+                                                         events.bid.assign(p_time=times), events.side_input))
+    return oracle
+
+
 def run_query(query: str, events: reference.Events, args, input_dir: Path, workdir: Path) -> dict:
-    expected_frame = reference.QUERIES[query](events)
-    columns = list(expected_frame.columns)
-    chaos = OracleChaos(query, columns, args.span, pipeline_file=str(REPO / "examples" / "nexmark" / f"{query}.py"),
+    oracle_of_result = read_at(events, input_dir) if query in PROCESSING_TIME else None
+    if oracle_of_result is None:
+        expected_frame = reference.QUERIES[query](events)
+        columns, expected, rows_expected = list(expected_frame.columns), row_counts(expected_frame), len(expected_frame)
+    else:  # its rows once the run's result is in
+        columns, expected, rows_expected = [name for name, _ in sink_columns(query)], Counter(), None
+    chaos = OracleChaos(query, columns, args.span, oracle_of_result=oracle_of_result,
+                        pipeline_file=str(REPO / "examples" / "nexmark" / f"{query}.py"),
                         config_file=None, sets=tuple(args.set), faults=["kill9"], seed=args.seed,
                         workdir=workdir / query, timeout=args.timeout, kills=args.kills,
                         echo=lambda s: print(f"[{query}] {s}", file=sys.stderr, flush=True),
-                        expected=row_counts(expected_frame))
+                        expected=expected)
     began = time.monotonic()
     report = chaos.run()
     verdict = report.verdicts[0]
@@ -109,11 +142,16 @@ def run_query(query: str, events: reference.Events, args, input_dir: Path, workd
     last = chaos.runs[-1] if chaos.runs else None
     duplicated = (verdict.duplicated or 0) + chaos.twice_in_an_epoch
     passed = verdict.passed and not chaos.twice_in_an_epoch
-    return {"query": query, "rows_expected": len(expected_frame), "result_rows": verdict.committed,
+    notes = list(verdict.notes)
+    if chaos.inconsistent:
+        notes.append(f"no processing times give this result: {chaos.inconsistent}")
+    if oracle_of_result is not None:
+        rows_expected = chaos.oracle_rows
+    return {"query": query, "rows_expected": rows_expected, "result_rows": verdict.committed,
             "lost": verdict.lost, "duplicated": duplicated, "unexpected": verdict.unexpected,
             "twice_in_an_epoch": chaos.twice_in_an_epoch, "kills": kills,
             "restored_from": _last(RESTORED, last) if last else None,
-            "updating": query in UPDATING, "verdict": "PASS" if passed else "FAIL", "notes": verdict.notes,
+            "updating": query in UPDATING, "verdict": "PASS" if passed else "FAIL", "notes": notes,
             "seconds": round(time.monotonic() - began, 1), "directory": verdict.directory}
 
 

@@ -30,7 +30,7 @@ from sparkpoint.connectors.nexmark_io import nexmark_input, write_side_input
 from sparkpoint.connectors.nexmark_source import NexmarkSource
 from sparkpoint.runtime.jobmaster import JobMaster
 from sparkpoint.runtime.status import JobStatus
-from tests.nexmark import reference
+from tests.nexmark import processing_time, reference
 from tests.nexmark.rows import assert_same_rows
 
 pytestmark = pytest.mark.spark
@@ -42,16 +42,21 @@ RATE = 500
 FILES = 20  # per stream; nexmark_input reads 10 per epoch
 # The queries the pipeline API can express today, each with its reference; the others
 # wait for windows and aggregates (docs/nexmark.md).
-EXPRESSIBLE = ["q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8", "q9", "q10", "q13", "q14", "q15", "q16", "q17", "q18", "q19",
-               "q20", "q21"]
+EXPRESSIBLE = ["q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q9", "q10", "q11", "q12", "q13", "q14", "q15",
+               "q16", "q17", "q18", "q19", "q20", "q21"]
 
 # Queries whose result updates as input comes (Flink's updating tables), with the key
 # whose latest row is the result.
 UPDATING = {"q4": ["id"], "q15": ["day"], "q16": ["channel", "day"], "q17": ["auction", "day"],
             "q18": ["bidder", "auction"], "q19": ["auction", "rank_number"]}
 # Queries that emit a window's or an auction's result when the watermark passes its end:
-# on the shared events some of it comes out before the end of input.
-FIRED_BY_WATERMARK = {"q4", "q5", "q7", "q8", "q9"}
+# on the shared events some of it comes out before the end of input. q11's sessions do
+# too, but on the shared events every bidder bids more often than every 10 s, so none
+# ends before the input does: test_q11_emits_sessions_by_the_watermark_on_sparse_bids.
+FIRED_BY_WATERMARK = {"q4", "q5", "q6", "q7", "q8", "q9"}
+# Queries in processing time: their result belongs to the run. The reference is given the
+# processing times the run's result shows (tests/nexmark/processing_time.py).
+PROCESSING_TIME = {"q12"}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +94,9 @@ SINK_TABLES = {
     "q19": "auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR, dateTime TIMESTAMP(3), "
            "extra VARCHAR, rank_number BIGINT",
     "q5": "auction BIGINT, num BIGINT",
+    "q6": "seller VARCHAR, avg_price BIGINT",
+    "q11": "bidder BIGINT, bid_count BIGINT, starttime TIMESTAMP(3), endtime TIMESTAMP(3)",
+    "q12": "bidder BIGINT, bid_count BIGINT, starttime TIMESTAMP(3), endtime TIMESTAMP(3)",
     # Those of the queries whose examples wait for stream joins and windows.
     "q3": "name VARCHAR, city VARCHAR, state VARCHAR, id BIGINT",
     "q4": "id BIGINT, final BIGINT",
@@ -164,8 +172,19 @@ def test_every_example_is_checked_against_its_reference():
     assert set(EXPRESSIBLE) <= set(reference.QUERIES) == set(SINK_TABLES)
 
 
+def read_at(events: reference.Events, nexmark_dir: Path, result: pd.DataFrame) -> reference.Events:
+    """`events` with each bid's processing time as the run whose `result` is given used it."""
+    bidders, files = events.bid.bidder, processing_time.rows_per_file(str(nexmark_dir / "bid"))
+    return reference.Events(events.person, events.auction,
+                            events.bid.assign(p_time=processing_time.processing_times(bidders, files, result)),
+                            events.side_input)
+
+
 @pytest.mark.parametrize("query", sorted(reference.QUERIES, key=lambda q: int(q[1:])))
 def test_each_reference_gives_rows_with_the_columns_of_its_sink_table(events, query):
+    if query in PROCESSING_TIME:  # read at one bid per millisecond from the first bid's time on
+        events = reference.Events(events.person, events.auction, events.bid.assign(
+            p_time=events.bid.dateTime.min() + pd.to_timedelta(range(len(events.bid)), unit="ms")))
     expected = reference.QUERIES[query](events)
     assert list(expected.columns) == [name for name, _ in sink_columns(query)]
     assert len(expected) > 0, f"{query}: no rows on the shared events, so its example's test would prove little"
@@ -174,15 +193,34 @@ def test_each_reference_gives_rows_with_the_columns_of_its_sink_table(events, qu
 @pytest.mark.parametrize("query", EXPRESSIBLE)
 def test_example_output_equals_the_reference(spark, nexmark_dir, events, query, tmp_path, monkeypatch):
     monkeypatch.delenv("NEXMARK_SIDE_INPUT", raising=False)
+    began = pd.Timestamp.now(tz="UTC")
     committed = run_example(spark, query, tmp_path, monkeypatch, NEXMARK_INPUT=str(nexmark_dir),
                            NEXMARK_FILES_PER_EPOCH="5")
+    ended = pd.Timestamp.now(tz="UTC")
     if query in FIRED_BY_WATERMARK:
         epochs = sorted(set(committed.column("epoch").to_pylist()))
         assert len(epochs) >= 2, f"{query}: every row came out in epoch(s) {epochs}: the watermark fired nothing"
     got = final_result(query, committed)
+    if query in PROCESSING_TIME:
+        windows = got.to_pandas().starttime
+        assert windows.min() >= began.floor("10 s") and windows.max() <= ended, \
+            f"{query}: windows {sorted(set(windows))} are not of the run's time, {began} to {ended}"
+        events = read_at(events, nexmark_dir, got.to_pandas())
     expected = reference.QUERIES[query](events)
     assert_sink_schema(query, got.schema)
     assert_same_rows(got.to_pandas(), expected)
+
+
+def test_q11_emits_sessions_by_the_watermark_on_sparse_bids(spark, tmp_path_factory, tmp_path, monkeypatch):
+    # 5 000 events at 25 per second span 200 s: a bidder bids about every 20 s, so sessions
+    # end all along the input. Four epochs of 50 s each.
+    sparse = tmp_path_factory.mktemp("nexmark-sparse")
+    write_parquet(str(sparse), 5_000, NexmarkConfig(seed=SEED, rate=25), files_per_stream=FILES)
+    committed = run_example(spark, "q11", tmp_path, monkeypatch, NEXMARK_INPUT=str(sparse),
+                            NEXMARK_FILES_PER_EPOCH="5")
+    epochs = committed.column("epoch").to_pylist()
+    assert len(set(epochs)) >= 3, f"q11: sessions came out in epochs {sorted(set(epochs))} only"
+    assert_same_rows(final_result("q11", committed).to_pandas(), reference.q11(reference.load(str(sparse))))
 
 
 def test_an_example_reads_the_generator_when_no_input_directory_is_named(spark, tmp_path, monkeypatch):

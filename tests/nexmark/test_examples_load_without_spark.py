@@ -29,7 +29,7 @@ print("\\n".join(failed))
 
 
 def test_every_nexmark_example_loads_as_sparkpoint_run_loads_it_before_spark_starts(tmp_path):
-    assert len(EXAMPLES) == 19
+    assert len(EXAMPLES) == 22
     done = subprocess.run([sys.executable, "-c", LOAD, *map(str, EXAMPLES)], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "NEXMARK_INPUT": "", "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-2000:]

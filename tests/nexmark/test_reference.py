@@ -83,6 +83,23 @@ def test_q4_averages_winning_prices_per_category_truncated_counting_bids_while_o
     assert_same_rows(reference.q4(e), expect([(10, 33)], ["id", "final"]))  # (60 + 7) / 2 = 33.5 -> 33
 
 
+def test_q6_averages_each_sellers_last_winning_prices_in_the_order_their_auctions_close():
+    # seller 1's auctions close at 10, 20, 30, 30 (id 4 before id 5), 40; seller 2's at 15
+    e = events(auctions=[auction(1, seller=1, expires_s=10), auction(2, seller=1, expires_s=20),
+                         auction(5, seller=1, expires_s=30), auction(4, seller=1, expires_s=30),
+                         auction(3, seller=1, expires_s=40), auction(6, seller=2, expires_s=15),
+                         auction(7, seller=2, expires_s=50)],  # no bid while open: no row
+               bids=[bid(1, 10, at_s=9), bid(1, 30, at_s=1),      # the winner is the highest, not the last
+                     bid(2, 40, at_s=19), bid(3, 5, at_s=2), bid(4, 61, at_s=3), bid(5, 100, at_s=4),
+                     bid(6, 7, at_s=5), bid(7, 99, at_s=51)])
+    # last 3: 30 | 30, 40 | 30, 40, 61 | 40, 61, 100 | 61, 100, 5 (the frame drops the oldest)
+    assert_same_rows(reference.q6(e, last=3), expect([("1", 30), ("1", 35), ("1", 43), ("1", 67), ("1", 55),
+                                                      ("2", 7)], ["seller", "avg_price"]))
+    # nexmark's last 10 by default: here every auction of the seller so far
+    assert_same_rows(reference.q6(e), expect([("1", 30), ("1", 35), ("1", 43), ("1", 57), ("1", 47), ("2", 7)],
+                                             ["seller", "avg_price"]))
+
+
 def test_q7_finds_each_windows_highest_bids_and_a_bid_at_a_windows_end_matches_it_too():
     e = events(bids=[bid(price=5, at_s=1, bidder=1), bid(price=9, at_s=3, bidder=2), bid(price=9, at_s=7, bidder=3),
                      # the first instant of the next window: its maximum, and the previous window's (BETWEEN)
@@ -121,6 +138,26 @@ def test_q10_adds_the_utc_day_and_minute():
     got = reference.q10(e)
     assert list(got.columns) == ["auction", "bidder", "price", "dateTime", "extra", "dt", "hm"]
     assert sorted(zip(got.dt, got.hm)) == [("2023-11-14", "22:13"), ("2023-11-14", "23:59"), ("2023-11-15", "00:00")]
+
+
+def test_q11_counts_each_bidders_sessions_a_gap_of_exactly_10_s_keeping_one_session():
+    e = events(bids=[bid(bidder=1, at_s=0), bid(bidder=1, at_s=4), bid(bidder=1, at_s=14),  # 10 s after 4: touches
+                     bid(bidder=1, at_s=24.001),                                            # over 10 s: a new one
+                     bid(bidder=2, at_s=3), bid(bidder=1, at_s=30)])                        # bidders apart
+    assert_same_rows(reference.q11(e), expect([(1, 3, at(0), at(24)), (1, 2, at(24.001), at(40)),
+                                               (2, 1, at(3), at(13))],
+                                              ["bidder", "bid_count", "starttime", "endtime"]))
+
+
+def test_q12_counts_each_bidders_bids_per_10_s_window_of_the_processing_time_they_were_read_at():
+    read_at = [T0 + pd.Timedelta(seconds=s) for s in (0, 9.999, 10, 10, 35)]
+    e = events(bids=[bid(bidder=1, at_s=500), bid(bidder=1), bid(bidder=1), bid(bidder=2), bid(bidder=1)])
+    e = Events(e.person, e.auction, e.bid.assign(p_time=read_at))
+    assert_same_rows(reference.q12(e), expect([(1, 2, at(0), at(10)), (1, 1, at(10), at(20)), (2, 1, at(10), at(20)),
+                                               (1, 1, at(30), at(40))],
+                                              ["bidder", "bid_count", "starttime", "endtime"]))
+    with pytest.raises(ValueError, match="processing time"):
+        reference.q12(events(bids=[bid()]))  # event time is no stand-in for it
 
 
 def test_q13_enriches_bids_by_auction_modulo_10000(tmp_path):
