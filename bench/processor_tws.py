@@ -11,7 +11,7 @@ written once as Parquet, one file per sparkpoint epoch. Event time advances
 `--event-time-per-s` events per second of event time; 0 (the default) means K / 15, so a
 key clicks every 15 s on average and about one pause in seven is longer than the 30 s gap:
 sessions open and close all through the run (2 M events over 10 k keys: ~3,000 s of event
-time, ~270 k sessions).
+time, ~280 k sessions).
 
 The processor: the README block `class Sessionize(StatefulProcessor)` executed as written
 (tests/sessionize.py). sparkpoint runs that class. Spark runs a class built from the same
@@ -21,7 +21,9 @@ an instance of PySpark's base class. Nothing in the body differs between the sys
 state and timer calls it makes (`getMapState(name, key DDL, value DDL)`, `iterator()`
 yielding (key tuple, value tuple), `clear`, `updateValue`, `removeKey`, `listTimers`,
 `deleteTimer`, `registerTimer`, `getExpiryTimeInMs`) have the same names, arguments and
-results in both APIs. The key is a 1-tuple in both (`key[0]`).
+results in both APIs. The key is a 1-tuple in both (`key[0]`). One difference in what the
+body is handed, which it already handles: Spark may pass a key's rows of a batch as several
+DataFrames (Arrow batches), sparkpoint as one; the README loops over `rows` either way.
 
 - sparkpoint: `FileSource(format="parquet", max_files_per_epoch=1, bounded=True)` →
   `.watermark("ts", delay="5 s")` → `ProcessorOperator("sessionize", Sessionize, ["key"],
