@@ -1,7 +1,8 @@
-"""Run the benchmarks (W1, W2, W3, latency) round by round and write bench/RESULTS.md with plots.
+"""Run the benchmarks (W1, W2, W3, latency, custom processor) round by round and write bench/RESULTS.md with plots.
 
-    python bench/run_all.py [--only w1,w1-1m,w1-e1m,w2,w3,latency] [--runs 3] [--events 5000000]
+    python bench/run_all.py [--only w1,w1-1m,w1-e1m,w2,w3,latency,processor] [--runs 3] [--events 5000000]
         [--keys 100000] [--keys-1m 1000000] [--epoch-records 500000] [--big-epoch-records 1000000]
+        [--processor-events 2000000] [--processor-keys 10000] [--processor-epoch-records 100000]
         [--more] [--results-dir bench]
 
 Sections (default: all of them):
@@ -16,6 +17,9 @@ Sections (default: all of them):
   w3       W3 large state (bench/w3_large_state.py, --w3-keys 10 M): one run by default.
   latency  end-to-end latency at a steady rate (bench/latency.py; sparkpoint and Spark SS, one
            fresh process each): one run by default.
+  processor  the README's Sessionize processor on sparkpoint and on Spark's
+           transformWithStateInPandas, same processor body and Parquet input (bench/processor_tws.py,
+           one fresh process per system, order alternating): one round by default.
 
 Each round of w1/w1-1m/w1-e1m/w2 starts one fresh process per system (each pays its JVM start and runs a
 discarded warm-up job), then every configuration of that system once; the order of the systems and
@@ -49,17 +53,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PYFLINK_SETUP = os.path.join(HERE, "pyflink", "setup.sh")
 PYFLINK_VENV_PY = os.path.join(HERE, ".venv-pyflink", "bin", "python")
-SECTIONS = ["w1", "w1-1m", "w1-e1m", "w2", "w3", "latency"]
+SECTIONS = ["w1", "w1-1m", "w1-e1m", "w2", "w3", "latency", "processor"]
 THROUGHPUT_SECTIONS = ["w1", "w1-1m", "w1-e1m", "w2"]
 SECTION_TITLES = {"w1": "W1 keyed aggregate, K = 100 k", "w1-1m": "W1 keyed aggregate, K = 1 M",
                   "w1-e1m": "W1 keyed aggregate, K = 100 k, epochs of 1 M events",
-                  "w2": "W2 tumbling window (60 s)", "w3": "W3 large state", "latency": "End-to-end latency"}
+                  "w2": "W2 tumbling window (60 s)", "w3": "W3 large state", "latency": "End-to-end latency",
+                  "processor": "Custom processor: the README's Sessionize, sparkpoint vs Spark transformWithStateInPandas"}
 CONFIGS = [("sparkpoint", "ckpt-off"), ("sparkpoint", "ckpt-on"), ("sparkpoint", "ckpt-on-parquet"),
            ("sparkpoint", "ckpt-on-timed"),
            ("spark-ss", "rocksdb"), ("spark-ss", "hdfs"),
            ("pyflink", "hashmap-ckpt"), ("pyflink", "hashmap-off"), ("pyflink", "rocksdb-ckpt")]
 PYFLINK_CONFIGS = "hashmap-ckpt,hashmap-off,rocksdb-ckpt"
-TARGETS = {"faster_ss": 1.5, "flink": 1.0, "off": 0.97, "p50": 500, "p99": 1000, "w3_ratio": 1.2, "w3_disk": 0.5}
+TARGETS = {"faster_ss": 1.5, "flink": 1.0, "off": 0.97, "p50": 500, "p99": 1000, "w3_ratio": 1.2, "w3_disk": 0.5,
+           "processor": 1.0}
 
 
 # -- running --------------------------------------------------------------------------------------------
@@ -111,6 +117,18 @@ def w3_command(args: argparse.Namespace, run: int) -> list[str]:
     return [sys.executable, os.path.join(HERE, "w3_large_state.py"), "--keys", str(args.w3_keys),
             "--runs", "1", "--first-run", str(run), "--restore-modes", args.w3_restore_modes,
             "--work", args.work + "-w3"]
+
+
+def processor_jobs(args: argparse.Namespace, run: int) -> list[tuple[str, list[str]]]:
+    """(system, command) of one round of the processor section: one fresh process per system."""
+    common = ["--events", str(args.processor_events), "--keys", str(args.processor_keys),
+              "--epoch-records", str(args.processor_epoch_records), "--runs", "1", "--first-run", str(run),
+              "--work", args.work]
+    if args.processor_warmup_events is not None:
+        common += ["--warmup-events", str(args.processor_warmup_events)]
+    script = os.path.join(HERE, "processor_tws.py")
+    jobs = [(system, [sys.executable, script, "--systems", system] + common) for system in ("sparkpoint", "spark-tws")]
+    return jobs if run % 2 == 0 else jobs[::-1]
 
 
 def latency_command(args: argparse.Namespace) -> list[str]:
@@ -176,6 +194,8 @@ def section_settings(section: str, args: argparse.Namespace) -> dict[str, Any]:
         return {"events": args.events, "keys": args.keys_1m if section == "w1-1m" else args.keys}
     if section == "w3":
         return {"keys": args.w3_keys}
+    if section == "processor":
+        return {"events": args.processor_events, "keys": args.processor_keys}
     return {"rate": args.latency_rate}
 
 
@@ -325,6 +345,48 @@ def throughput_ratios(results: list[dict[str, Any]], section: str) -> str:
             rows.append(f"| sparkpoint ckpt-on-timed checkpoint {q} (ms, median of runs) | {_fmt(v)} | – "
                         f"| ≤ {TARGETS[q]} | {_met(v, TARGETS[q], False)} |")
     return "\n".join(rows)
+
+
+PROCESSOR_SYSTEMS = [("sparkpoint", "ckpt-on"), ("spark-tws", "rocksdb")]
+
+
+def processor_table(results: list[dict[str, Any]]) -> str:
+    rows = ["| system | config | events/s after start-up (median) | runs (events/s) | epoch / batch s (median) "
+            "| checkpoint p50 / p99 ms (median) | state commit ms (median) | sessions (= pandas) "
+            "| CPU µs per event (median) | peak memory MB (median) | load (1 min) after each run |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for system, config in PROCESSOR_SYSTEMS:
+        runs = sorted(runs_of(results, "processor", system, config), key=lambda r: r["run"])
+        if not runs:
+            continue
+        m = lambda f: median_of(runs, f)  # noqa: E731
+        per_run = ", ".join(f"{r['events_per_s']:,.0f}" for r in runs)
+        loads = ", ".join(f"{r['loadavg_1m_after']:.1f}" for r in runs if r.get("loadavg_1m_after") is not None)
+        if system == "spark-tws":
+            epoch, ckpt, commit = (m("batch_ms_median") or 0) / 1000, "every batch (not reported)", _fmt(m("state_commit_ms_median"))
+        else:
+            epoch, ckpt, commit = m("epoch_s_median"), f"{_fmt(m('ckpt_p50_ms'))} / {_fmt(m('ckpt_p99_ms'))}", "–"
+        rows.append(f"| {system} | {config} | {_fmt(m('events_per_s'))} | {per_run} | {_fmt(epoch)} | {ckpt} "
+                    f"| {commit} | {_fmt(m('sessions'))} | {_fmt(m('cpu_us_per_event'))} | {_fmt(m('peak_rss_mb'))} "
+                    f"| {loads} |")
+    return "\n".join(rows)
+
+
+def processor_ratios(results: list[dict[str, Any]]) -> str:
+    runs = runs_of(results, "processor")
+    sp, tws = _eps(*PROCESSOR_SYSTEMS[0]), _eps(*PROCESSOR_SYSTEMS[1])
+    a, b = sp(runs), tws(runs)
+    ratio = a / b if a and b else None
+    per_round = _round_ratio(results, "processor", sp, tws)
+    # Every run checked its sessions against pandas; the digests say both systems emitted the same ones.
+    digests = {r.get("sessions_sha256") for r in runs if r.get("sessions_sha256")}
+    same = "yes" if len(digests) == 1 else ("–" if not digests else f"**no** ({len(digests)} different)")
+    return "\n".join([
+        "| ratio | of the medians | median of the per-round ratios | target | met (medians) |",
+        "|---|---|---|---|---|",
+        f"| sparkpoint ckpt-on / Spark transformWithStateInPandas (RocksDB) | {_fmt(ratio)} | {_fmt(per_round)} "
+        f"| ≥ {TARGETS['processor']} | {_met(ratio, TARGETS['processor'], True)} |",
+        f"\nSame sessions from every run of both systems (sha256 of the sorted sessions): {same}."])
 
 
 W3_FIELDS = [("ratio_uploaded_to_changed", "uploaded / changed (median)"),
@@ -601,6 +663,14 @@ def section_markdown(section: str, results: list[dict[str, Any]], args: argparse
         name = f"throughput_{section}.png"
         if name in plots:
             out.append(f"\n![{title}: events/s]({os.path.basename(args.plots_dir)}/{name})")
+    elif section == "processor":
+        out.append("### Settings\n" + _quoted_doc("processor_tws.py"))
+        sample = runs[0] if runs else {}
+        out.append(f"N = {_fmt(sample.get('events'))}, K = {_fmt(sample.get('keys'))}, "
+                   f"{_fmt(sample.get('epoch_records'))} events per epoch / batch, event time advancing "
+                   f"{_fmt(sample.get('event_time_per_s'))} events per second.")
+        out.append(f"\n### Results (median of {nrounds} rounds)\n" + processor_table(results))
+        out.append("\n### Ratio (throughput after start-up) and target\n" + processor_ratios(results))
     elif section == "w3":
         out.append("### Settings\n" + _quoted_doc("w3_large_state.py"))
         if runs:
@@ -727,6 +797,11 @@ def main() -> None:
     parser.add_argument("--latency-rate", type=int, default=50_000)
     parser.add_argument("--latency-duration-s", type=float, default=60)
     parser.add_argument("--latency-warmup-s", type=float, default=None, help="passed to latency.py (its default: 10)")
+    parser.add_argument("--processor-events", type=int, default=2_000_000, help="N of processor")
+    parser.add_argument("--processor-keys", type=int, default=10_000, help="K of processor")
+    parser.add_argument("--processor-epoch-records", type=int, default=100_000)
+    parser.add_argument("--processor-warmup-events", type=int, default=None,
+                        help="passed to processor_tws.py (its default: 200,000)")
     parser.add_argument("--work", default="/tmp/sparkpoint-bench")
     parser.add_argument("--results-dir", default=HERE,
                         help="where RESULTS.md, runs.jsonl and plots/ go (default: bench/)")
@@ -776,7 +851,7 @@ def main() -> None:
             record(section, [{"system": system, "config": "-", "run": run, "failed": str(err)}])
 
         for section in sections:
-            nruns = args.runs if args.runs is not None else (1 if section in ("w3", "latency") else 3)
+            nruns = args.runs if args.runs is not None else (1 if section in ("w3", "latency", "processor") else 3)
             first = max((r["run"] for r in records if r.get("section") == section and "run" in r), default=-1) + 1
             started_section = time.monotonic()
             for run in range(first, first + nruns):
@@ -784,6 +859,8 @@ def main() -> None:
                     jobs = throughput_jobs(section, args, run, pyflink_python)
                 elif section == "w3":
                     jobs = [("sparkpoint", w3_command(args, run))]
+                elif section == "processor":
+                    jobs = processor_jobs(args, run)
                 else:
                     jobs = [("latency", latency_command(args))]
                 for system, cmd in jobs:
@@ -818,6 +895,8 @@ def main() -> None:
     for section in THROUGHPUT_SECTIONS:
         if runs_of(results, section):
             print(f"\n{section}\n" + throughput_table(results, section) + "\n" + throughput_ratios(results, section))
+    if runs_of(results, "processor"):
+        print("\nprocessor\n" + processor_table(results) + "\n" + processor_ratios(results))
 
 
 if __name__ == "__main__":
