@@ -597,12 +597,12 @@ PYFLINK_SETTINGS = """- PyFlink (Apache Flink through PyFlink, `bench/pyflink/w1
 
 def variant_settings(section: str, sample: dict[str, Any], events: int | None, keys: int) -> str:
     kind = W2_VARIANTS[section]
-    window = (f"60 s windows every {_fmt((sample.get('slide_ms') or 0) // 1000)} s" if kind == "sliding"
-              else f"sessions with a {_fmt((sample.get('gap_ms') or 0) // 1000)} s gap")
+    window = (f"60 s windows every {_fmt((sample.get('slide_ms') or 0) // 1000)} s, count per window" if kind == "sliding"
+              else f"sessions per key with a {_fmt((sample.get('gap_ms') or 0) // 1000)} s gap, count per session")
     t = VARIANT_TARGETS
     return f"""### Settings
-W2 with another window, as bench/w2_windows.py (below) says: {window}, count per window, final
-output (one row per window once the watermark passes it). The rest as W2: N = {_fmt(events)} events,
+W2 with another window, as bench/w2_windows.py (below) says: {window}, final output
+(one row per window once the watermark passes it). The rest as W2: N = {_fmt(events)} events,
 K = {_fmt(keys)} keys, {_fmt(sample.get('event_time_per_s'))} events per second of event time, up to
 2 s of disorder, watermark 5 s, the same epochs / Spark SS batches, Spark settings, round structure
 and warm-up. sparkpoint: `bench/w2_window.py --window {kind}`; Spark SS: `bench/w2_spark_ss.py --window
