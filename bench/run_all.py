@@ -21,8 +21,8 @@ Sections (default: all of them):
   latency  end-to-end latency at a steady rate (bench/latency.py; sparkpoint and Spark SS, one
            fresh process each): one run by default.
 
-Each round of w1/w1-1m/w1-e1m/w2/w2-sliding/w2-session starts one fresh process per system (each pays its JVM start and runs a
-discarded warm-up job), then every configuration of that system once; the order of the systems and
+Each round of w1/w1-1m/w1-e1m/w2/w2-sliding/w2-session starts one fresh process per system (each pays its
+JVM start and runs a discarded warm-up job), then every configuration of that system once; the order of the systems and
 of the configurations alternates round by round. The machine is shared: ratios within a round are
 the figures to trust. PyFlink runs in bench/.venv-pyflink (`bash bench/pyflink/setup.sh` is called
 first; when it fails, PyFlink is skipped and RESULTS.md says why).
@@ -597,8 +597,9 @@ PYFLINK_SETTINGS = """- PyFlink (Apache Flink through PyFlink, `bench/pyflink/w1
 
 def variant_settings(section: str, sample: dict[str, Any], events: int | None, keys: int) -> str:
     kind = W2_VARIANTS[section]
-    window = (f"60 s windows every {_fmt((sample.get('slide_ms') or 0) // 1000)} s, count per window" if kind == "sliding"
-              else f"sessions per key with a {_fmt((sample.get('gap_ms') or 0) // 1000)} s gap, count per session")
+    slide_s, gap_s = (sample.get("slide_ms") or 0) // 1000, (sample.get("gap_ms") or 0) // 1000
+    window = (f"60 s windows every {slide_s} s, count per window" if kind == "sliding"
+              else f"sessions per key with a {gap_s} s gap, count per session")
     t = VARIANT_TARGETS
     return f"""### Settings
 W2 with another window, as bench/w2_windows.py (below) says: {window}, final output
