@@ -1,10 +1,11 @@
 """W2 on Spark Structured Streaming (the peer): 60 s event-time tumbling windows, count per
 key, watermark 5 s, append mode, over the same events as bench/w2_window.py read from
 Parquet files (one file per sparkpoint epoch, maxFilesPerTrigger=1, so batches are the
-same size).
+same size); `--window sliding|session` runs its variants.
 
     python bench/w2_spark_ss.py [--events 5000000] [--keys 100000] [--epoch-records 500000]
         [--event-time-per-s 5000] [--stores rocksdb,hdfs] [--runs 1] [--work /tmp/sparkpoint-bench]
+        [--window tumbling|sliding|session] [--slide-s 10] [--gap-s 30]
 
 Query: `withWatermark("event_time", "5 seconds")` on `timestamp_millis(ts)`, then
 `groupBy(window(event_time, "60 seconds"), key).count()`, `outputMode("append")`,
@@ -12,11 +13,14 @@ Query: `withWatermark("event_time", "5 seconds")` on `timestamp_millis(ts)`, the
 with changelog checkpointing, or the default HDFS-backed store. The input ends with a
 one-row sentinel file (bench/w2_workload.py) that advances the watermark past the last
 window, so every real window is emitted, as sparkpoint's final epoch fires them all.
+The variants group by `window(event_time, "60 seconds", "10 seconds")` or
+`session_window(event_time, "30 seconds")` instead (bench/w2_windows.py).
 
 Prints one JSON line per run (prefixed `RESULT `): events/s after start-up = events
 after batch 0 divided by the time from the end of batch 0 to the end of the batch that
 emitted the last window rows; output_rows (asserted equal to the distinct (window, key)
-pairs of the input); state commit time per batch; peak_rss_mb of the process tree.
+pairs of the input, or to its sessions, computed apart from the run); state commit time
+per batch; peak_rss_mb of the process tree.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from w2_workload import (DELAY_MS, W2, WINDOW_MS, PeakRss, tree_cpu_s, ensure_parquet_events, expected_output_rows, from_args,
+import w2_windows
+from w2_windows import WINDOW_MS, Windowing
+from w2_workload import (DELAY_MS, W2, PeakRss, tree_cpu_s, ensure_parquet_events, expected_output_rows, from_args,
                          spark_session, workload_arguments)
 
 PROVIDERS = {
@@ -60,11 +66,11 @@ def _parquet_rows(path: str) -> int:
 
 
 def run_once(spark, w2: W2, files: str, store: str, work: str, run: int, rss: PeakRss,
-             timeout_s: float = 1800) -> dict[str, Any]:
+             windowing: Windowing = Windowing(), timeout_s: float = 1800) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    expected = expected_output_rows(spark, w2, os.path.join(work, "data"))
-    root = os.path.join(work, f"ss-w2-{store}-{run}")
+    expected = expected_output_rows(spark, w2, os.path.join(work, "data"), windowing)
+    root = os.path.join(work, f"ss-{windowing.workload}-{store}-{run}")
     shutil.rmtree(root, ignore_errors=True)
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[store])
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
@@ -81,7 +87,7 @@ def run_once(spark, w2: W2, files: str, store: str, work: str, run: int, rss: Pe
               .option("maxFilesPerTrigger", 1).parquet(files))
     windowed = (events.withColumn("event_time", F.timestamp_millis("ts"))
                 .withWatermark("event_time", f"{DELAY_MS // 1000} seconds")
-                .groupBy(F.window("event_time", f"{WINDOW_MS // 1000} seconds"), "key").count()
+                .groupBy(windowing.spark_column("event_time").alias("window"), "key").count()
                 .select("key", F.col("window.start").alias("window_start"),
                         F.col("window.end").alias("window_end"), "count"))
     rss.reset()
@@ -94,7 +100,7 @@ def run_once(spark, w2: W2, files: str, store: str, work: str, run: int, rss: Pe
             if q.exception() is not None:
                 raise RuntimeError(f"the Spark query failed: {q.exception()}")
             if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"Spark SS W2 ({store}) emitted {sum(r for _, _, r in emitted)} of "
+                raise TimeoutError(f"Spark SS {windowing.workload} ({store}) emitted {sum(r for _, _, r in emitted)} of "
                                    f"{expected['output_rows']} rows in {timeout_s} s")
             time.sleep(0.2)
         wall, cpu = time.monotonic() - started, tree_cpu_s() - cpu0
@@ -105,7 +111,8 @@ def run_once(spark, w2: W2, files: str, store: str, work: str, run: int, rss: Pe
     peak = rss.peak_mb
     output_rows = sum(r for _, _, r in emitted)
     if output_rows != expected["output_rows"]:
-        raise AssertionError(f"Spark SS W2 ({store}) emitted {output_rows} rows, expected {expected['output_rows']}")
+        raise AssertionError(f"Spark SS {windowing.workload} ({store}) emitted {output_rows} rows, expected "
+                             f"{expected['output_rows']} (the input's distinct window × key pairs, or its sessions)")
     progress.sort(key=lambda p: p["batchId"])
     last_id = max(b for b, _, r in emitted if r > 0)
     data = [p for p in progress if p["numInputRows"] > 0]
@@ -116,9 +123,10 @@ def run_once(spark, w2: W2, files: str, store: str, work: str, run: int, rss: Pe
     commit_ms = [p["stateOperators"][0].get("commitTimeMs", 0) for p in rest if p.get("stateOperators")]
     events_after_0 = rows_total - first["numInputRows"] - 1  # the one-row sentinel is not an event
     out = {
-        "system": "spark-ss", "config": store, "workload": "w2", "run": run, "events": rows_total - 1,
+        "system": "spark-ss", "config": store, "workload": windowing.workload, "run": run,
+        "events": rows_total - 1,
         "keys": w2.keys, "epoch_records": w2.epoch_records, "event_time_per_s": w2.event_time_per_s,
-        "windows": expected["windows"], "output_rows": output_rows,
+        **windowing.fields(), "windows": expected["windows"], "output_rows": output_rows,
         "batches": len(progress), "batches_with_data": len(data),
         "events_per_s": events_after_0 / (_end_s(last) - _end_s(first)),
         "processed_rows_per_s_median": statistics.median(p["processedRowsPerSecond"] for p in data[1:-1] or data),
@@ -142,19 +150,23 @@ def main() -> None:
     parser = workload_arguments(__doc__.splitlines()[0])
     parser.add_argument("--stores", default="rocksdb,hdfs")
     args = parser.parse_args()
-    w2 = from_args(args)
+    w2, windowing = from_args(args), w2_windows.from_args(args)
+    if windowing.reach_ms > WINDOW_MS:
+        # The sentinel (bench/w2_workload.py) moves the watermark one window length past the last event.
+        parser.error(f"windows reaching {windowing.reach_ms} ms past their last event would not all be emitted: "
+                     f"the sentinel advances the watermark {WINDOW_MS} ms past the last event")
     rss = PeakRss()
-    spark = spark_session("bench-w2-spark-ss")
+    spark = spark_session(f"bench-{windowing.workload}-spark-ss")
     data = os.path.join(args.work, "data")
     files = ensure_parquet_events(spark, w2, data)
     if args.warmup_events:
         warm = W2(args.warmup_events, args.keys, args.epoch_records, args.event_time_per_s)
-        run_once(spark, warm, ensure_parquet_events(spark, warm, data), "hdfs", args.work, -1, rss)
+        run_once(spark, warm, ensure_parquet_events(spark, warm, data), "hdfs", args.work, -1, rss, windowing)
     stores = args.stores.split(",")
     for run in range(args.first_run, args.first_run + args.runs):
         # Alternate the order run by run so drift in the machine's load hits every store alike.
         for store in (stores if run % 2 == 0 else stores[::-1]):
-            result = run_once(spark, w2, files, store, args.work, run, rss)
+            result = run_once(spark, w2, files, store, args.work, run, rss, windowing)
             result["loadavg_1m_after"] = os.getloadavg()[0]
             print("RESULT " + json.dumps(result), flush=True)
     rss.stop()

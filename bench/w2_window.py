@@ -1,19 +1,24 @@
 """W2 on sparkpoint: 60 s event-time tumbling windows, count per key, watermark 5 s behind
 the max event time, parallelism 2, in-process JobMaster, checkpoints OFF and every 1 s on
-the same data in the same process.
+the same data in the same process; `--window sliding|session` runs its variants.
 
     python bench/w2_window.py [--events 5000000] [--keys 100000] [--epoch-records 500000]
         [--event-time-per-s 5000] [--modes off,on] [--runs 1] [--work /tmp/sparkpoint-bench]
+        [--window tumbling|sliding|session] [--slide-s 10] [--gap-s 30]
 
 Pipeline: GeneratorSource → .watermark("ts", delay="5 s") →
 TumblingWindow("w2", ["key"], "ts", size="60 s") → ParquetSink. At the end of the
-bounded input the final epoch fires every window still open.
+bounded input the final epoch fires every window still open. The variants (sections
+w2-sliding, w2-session; bench/w2_windows.py says why these sizes) replace the step with
+SlidingWindow("w2", ["key"], "ts", size="60 s", slide="10 s") or
+SessionWindow("w2", ["key"], "ts", gap="30 s"), count per window, final output mode.
 
 Prints one JSON line per run (prefixed `RESULT `): events/s after start-up = events
 after epoch 0 divided by the time from the end of epoch 0 to the end of the final epoch
 (the one that fires the last windows; the final checkpoint after it is excluded),
 checkpoint p50/p99 and bytes, output_rows (committed rows, asserted equal to the
-distinct (window, key) pairs of the input), and peak_rss_mb of the process tree.
+distinct (window, key) pairs of the input, or to its sessions, computed apart from the
+run), and peak_rss_mb of the process tree.
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ import statistics
 import time
 from typing import Any
 
-from sparkpoint.api import TumblingWindow
 from sparkpoint.api.pipeline import Pipeline
 from sparkpoint.config import Settings
 from sparkpoint.connectors.parquet_sink import ParquetSink, read_committed
 from sparkpoint.runtime.jobmaster import JobMaster
 
-from w2_workload import (DELAY_MS, W2, WINDOW_MS, PeakRss, tree_cpu_s, expected_output_rows, from_args, spark_session,
+import w2_windows
+from w2_windows import Windowing
+from w2_workload import (DELAY_MS, W2, PeakRss, tree_cpu_s, expected_output_rows, from_args, spark_session,
                          workload_arguments)
 
 
@@ -64,15 +70,16 @@ class MeasuredJobMaster(JobMaster):
             self.final_end = time.monotonic()
 
 
-def run_once(spark, w2: W2, mode: str, work: str, run: int, rss: PeakRss) -> dict[str, Any]:
-    name = f"w2-{mode}-{run}"
+def run_once(spark, w2: W2, mode: str, work: str, run: int, rss: PeakRss,
+             windowing: Windowing = Windowing()) -> dict[str, Any]:
+    name = f"{windowing.workload}-{mode}-{run}"
     root = os.path.join(work, name)
     shutil.rmtree(root, ignore_errors=True)
-    expected = expected_output_rows(spark, w2, os.path.join(work, "data"))
+    expected = expected_output_rows(spark, w2, os.path.join(work, "data"), windowing)
     out_dir = os.path.join(root, "output")
     pipeline = (Pipeline(name).source(w2.source())
                 .watermark("ts", delay=f"{DELAY_MS // 1000} s")
-                .stateful(TumblingWindow("w2", ["key"], "ts", size=f"{WINDOW_MS // 1000} s"))
+                .stateful(windowing.sparkpoint_step("w2"))
                 .sink(ParquetSink(out_dir)))
     settings = Settings.load(overrides={
         "pipeline.name": name,
@@ -91,17 +98,18 @@ def run_once(spark, w2: W2, mode: str, work: str, run: int, rss: PeakRss) -> dic
     peak = rss.peak_mb
     output_rows = read_committed(out_dir).num_rows
     if output_rows != expected["output_rows"]:
-        raise AssertionError(f"sparkpoint W2 ({mode}) committed {output_rows} rows, expected "
-                             f"{expected['output_rows']} (distinct window × key pairs of the input)")
+        raise AssertionError(f"sparkpoint {windowing.workload} ({mode}) committed {output_rows} rows, expected "
+                             f"{expected['output_rows']} (the input's distinct window × key pairs, or its sessions)")
     (t0, _, r0), (t_last, _, r1) = job.epoch_ends[0], job.epoch_ends[-1]
     t1 = job.final_end or t_last
     epoch_s = [b[0] - a[0] for a, b in zip(job.epoch_ends, job.epoch_ends[1:])]
     sizes = [b for _, b in job.checkpoints]
     stats = job.coordinator.stats.snapshot()
     out = {
-        "system": "sparkpoint", "config": f"ckpt-{mode}", "workload": "w2", "run": run, "events": result.records,
+        "system": "sparkpoint", "config": f"ckpt-{mode}", "workload": windowing.workload, "run": run,
+        "events": result.records,
         "keys": w2.keys, "epoch_records": w2.epoch_records, "event_time_per_s": w2.event_time_per_s,
-        "windows": expected["windows"], "output_rows": output_rows,
+        **windowing.fields(), "windows": expected["windows"], "output_rows": output_rows,
         "epochs_with_data": len(job.epoch_ends),
         "events_per_s": (r1 - r0) / (t1 - t0),
         "wall_s": wall, "events_per_s_incl_startup": result.records / wall,
@@ -125,17 +133,17 @@ def main() -> None:
     parser = workload_arguments(__doc__.splitlines()[0])
     parser.add_argument("--modes", default="off,on")
     args = parser.parse_args()
-    w2 = from_args(args)
+    w2, windowing = from_args(args), w2_windows.from_args(args)
     rss = PeakRss()
-    spark = spark_session("bench-w2-sparkpoint")
+    spark = spark_session(f"bench-{windowing.workload}-sparkpoint")
     if args.warmup_events:
         warm = W2(args.warmup_events, args.keys, args.epoch_records, args.event_time_per_s)
-        run_once(spark, warm, "on", args.work, -1, rss)
+        run_once(spark, warm, "on", args.work, -1, rss, windowing)
     modes = args.modes.split(",")
     for run in range(args.first_run, args.first_run + args.runs):
         # Alternate the order run by run so drift in the machine's load hits every mode alike.
         for mode in (modes if run % 2 == 0 else modes[::-1]):
-            result = run_once(spark, w2, mode, args.work, run, rss)
+            result = run_once(spark, w2, mode, args.work, run, rss, windowing)
             result["loadavg_1m_after"] = os.getloadavg()[0]
             print("RESULT " + json.dumps(result), flush=True)
     rss.stop()

@@ -13,7 +13,9 @@ watermark); Spark SS in append mode only emits windows whose end is ≤ its wate
 its input gets one extra one-row file after the events (key −1, event time past the
 last window end + the delay) whose only effect is to advance the watermark so every real
 window is emitted; the sentinel's own window is never emitted. Both systems must then
-emit exactly `expected_output_rows` rows = the distinct (window, key) pairs of the input.
+emit exactly `expected_output_rows` rows = the distinct (window, key) pairs of the input
+(the sliding and session variants: see bench/w2_windows.py). The same events and files
+serve all three window kinds.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from dataclasses import asdict, dataclass
 
 from sparkpoint.connectors.base import SlicePlan, SourceContext
 from sparkpoint.connectors.generator import GeneratorSource
+import w2_windows
+from w2_windows import WINDOW_MS, Windowing, expected_rows
 
 SPLITS = 2
-WINDOW_MS = 60_000
 DELAY_MS = 5_000
 START_TS_MS = 1_700_000_000_000  # the generator's default
 
@@ -76,6 +79,7 @@ def workload_arguments(description: str):
     parser.add_argument("--warmup-events", type=int, default=1_000_000,
                         help="a discarded run first, so the JIT and Python workers are warm for every configuration")
     parser.add_argument("--first-run", type=int, default=0, help="run number of the first run (labels only)")
+    w2_windows.add_arguments(parser)
     return parser
 
 
@@ -97,11 +101,14 @@ def _all_events(spark, w2: W2):
     return src.read(plan)
 
 
-def expected_output_rows(spark, w2: W2, root: str) -> dict:
+def expected_output_rows(spark, w2: W2, root: str, windowing: Windowing = Windowing()) -> dict:
     """{output_rows, windows, max_ts}: distinct (window, key) pairs of the input, by a
-    Spark batch query over the same generator records; cached under `root`."""
+    Spark batch query over the same generator records (sliding and session windows:
+    bench/w2_windows.py, with numpy); cached under `root`."""
     from pyspark.sql import functions as F
 
+    if windowing.kind != "tumbling":
+        return expected_rows(w2, windowing, root, _all_events(spark, w2))
     path = os.path.join(root, w2.tag + "-expected.json")
     if os.path.exists(path):
         with open(path) as f:

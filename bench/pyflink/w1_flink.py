@@ -1,10 +1,12 @@
 """W1 (keyed aggregate) and W2 (60 s tumbling window) on Apache Flink via PyFlink (Flink SQL,
-built-in functions only), parallelism 2, local mini-cluster, as a peer of sparkpoint.
+built-in functions only), parallelism 2, local mini-cluster, as a peer of sparkpoint; and
+W2's variants w2-sliding (60 s windows every 10 s, HOP) and w2-session (30 s gap, SESSION).
 
     bash bench/pyflink/setup.sh        # once: its own virtualenv at bench/.venv-pyflink
-    bench/.venv-pyflink/bin/python bench/pyflink/w1_flink.py [--workload w1|w2]
+    bench/.venv-pyflink/bin/python bench/pyflink/w1_flink.py [--workload w1|w2|w2-sliding|w2-session]
         [--events 5000000] [--keys 100000] [--configs hashmap-ckpt,hashmap-off,rocksdb-ckpt]
         [--runs 1] [--first-run 0] [--warmup-events 1000000] [--work /tmp/sparkpoint-bench]
+        [--event-time-per-s 10000] [--slide-s 10] [--gap-s 30]
 
 Prints one JSON line per run (prefixed `RESULT `), field names as bench/w1_keyed_aggregate.py
 where they mean the same. events/s after start-up: events / (job FINISHED - all subtasks
@@ -31,6 +33,7 @@ import statistics
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -38,9 +41,30 @@ KNOWN_BACKENDS = ("hashmap", "rocksdb")
 CKPT_INTERVAL = "1 s"
 # The project's GeneratorSource: 10,000 events per second of event time for the whole job, up to
 # 2 s of disorder, starting at 1,700,000,000,000 ms (sparkpoint/connectors/generator.py).
+# run_all.py passes the 5,000 of bench/w2_workload.py for the W2 variants.
 START_TS_MS = 1_700_000_000_000
 EVENT_TIME_PER_S = 10_000
 DISORDER_MS = 2_000
+# The variants' windows: bench/w2_windows.py (its defaults, and why these sizes).
+W2_WORKLOADS = ("w2", "w2-sliding", "w2-session")
+
+
+@dataclass(frozen=True)
+class W2Shape:
+    """Event-time density and the variants' window sizes (bench/w2_windows.py's defaults)."""
+    event_time_per_s: int = EVENT_TIME_PER_S
+    slide_s: int = 10
+    gap_s: int = 30
+
+    def fields(self, workload: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"event_time_per_s": self.event_time_per_s}
+        if workload == "w2-sliding":
+            out.update(window="sliding", window_ms=60_000, slide_ms=self.slide_s * 1000)
+        elif workload == "w2-session":
+            out.update(window="session", window_ms=None, gap_ms=self.gap_s * 1000)
+        else:
+            out.update(window="tumbling", window_ms=60_000)
+        return out
 
 # Triggers that fail before all subtasks run, or race with tasks finishing at the end of input
 # (Flink re-triggers at once when one is declined because a task is closing): not storage failures.
@@ -186,7 +210,16 @@ def table_env(backend: str, ckpt: bool, root: str, rest_port: int):
     return env, t_env, settings
 
 
-def create_tables(env, t_env, workload: str, events: int, keys: int) -> str:
+def window_tvf(workload: str, shape: W2Shape) -> str:
+    """The window table-valued function of a W2 workload over `events`."""
+    if workload == "w2-sliding":
+        return f"HOP(TABLE events, DESCRIPTOR(ts), INTERVAL '{shape.slide_s}' SECOND, INTERVAL '60' SECOND)"
+    if workload == "w2-session":
+        return f"SESSION(TABLE events PARTITION BY key, DESCRIPTOR(ts), INTERVAL '{shape.gap_s}' SECOND)"
+    return "TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '60' SECOND)"
+
+
+def create_tables(env, t_env, workload: str, events: int, keys: int, shape: W2Shape = W2Shape()) -> str:
     """Defines `events` and `sink`; returns the INSERT statement of the workload.
 
     W1: Flink's `datagen` connector: key uniform over K, value 0..999, ts random (unused).
@@ -196,7 +229,9 @@ def create_tables(env, t_env, workload: str, events: int, keys: int) -> str:
     SequenceGenerator materialises all remaining values and writes them into every
     checkpoint. So W2 reads `NumberSequenceSource(0, N-1)` ( one contiguous
     range per subtask, the position is its only state) and computes key, value and ts in SQL
-    with built-in functions; g interleaves the two subtask ranges like GeneratorSource's splits."""
+    with built-in functions; g interleaves the two subtask ranges like GeneratorSource's splits.
+    w2-sliding and w2-session read the same events (at `shape.event_time_per_s`) into a HOP or
+    SESSION window TVF instead of TUMBLE."""
     if workload == "w1":
         t_env.execute_sql(f"""
             CREATE TABLE events (key BIGINT, `value` BIGINT, ts TIMESTAMP_LTZ(3)) WITH (
@@ -218,7 +253,7 @@ def create_tables(env, t_env, workload: str, events: int, keys: int) -> str:
               .column("f0", "BIGINT")
               .column_by_expression("key", f"CAST(RAND_INTEGER({keys}) AS BIGINT)")
               .column_by_expression("value", "CAST(RAND_INTEGER(1000) AS BIGINT)")
-              .column_by_expression("ts", f"TO_TIMESTAMP_LTZ({START_TS_MS} + {g} * 1000 / {EVENT_TIME_PER_S} - {jitter}, 3)")
+              .column_by_expression("ts", f"TO_TIMESTAMP_LTZ({START_TS_MS} + {g} * 1000 / {shape.event_time_per_s} - {jitter}, 3)")
               .watermark("ts", "ts - INTERVAL '5' SECOND")
               .build())
     from pyflink.common import Types, WatermarkStrategy
@@ -229,8 +264,7 @@ def create_tables(env, t_env, workload: str, events: int, keys: int) -> str:
     t_env.create_temporary_view("events", t_env.from_data_stream(seq, schema))
     t_env.execute_sql("CREATE TABLE sink (key BIGINT, window_start TIMESTAMP(3), cnt BIGINT) "
                       "WITH ('connector' = 'blackhole')")
-    return ("INSERT INTO sink SELECT key, window_start, COUNT(*) FROM "
-            "TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '60' SECOND)) "
+    return (f"INSERT INTO sink SELECT key, window_start, COUNT(*) FROM TABLE({window_tvf(workload, shape)}) "
             "GROUP BY key, window_start, window_end")
 
 
@@ -343,14 +377,14 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def run_once(workload: str, config: str, events: int, keys: int, work: str, run: int,
-             log_dir: str) -> dict[str, Any]:
+             log_dir: str, shape: W2Shape = W2Shape()) -> dict[str, Any]:
     backend, ckpt = parse_config(config)
     root = os.path.join(work, f"{workload}-{config}-{run}")
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     port = free_port()
     env, t_env, settings = table_env(backend, ckpt, root, port)
-    insert = create_tables(env, t_env, workload, events, keys)
+    insert = create_tables(env, t_env, workload, events, keys, shape)
     offsets = log_offsets(log_dir)
     sampler = RssSampler()
     sampler.start()
@@ -381,7 +415,7 @@ def run_once(workload: str, config: str, events: int, keys: int, work: str, run:
     sources_done = max(log["source_finished"]) - log["all_running"] if log["source_finished"] else None
     out = {
         "system": "pyflink", "config": config, "workload": workload, "run": run,
-        "events": events, "keys": keys,
+        "events": events, "keys": keys, **(shape.fields(workload) if workload in W2_WORKLOADS else {}),
         "events_per_s": events / run_s,
         "wall_s": wall, "events_per_s_incl_startup": events / wall,
         # CPU of the process tree (Python, the mini-cluster JVM) over the whole job, start-up included.
@@ -407,6 +441,29 @@ def run_once(workload: str, config: str, events: int, keys: int, work: str, run:
     return out
 
 
+def check_output(workload: str, config: str, events: int, keys: int, work: str, shape: W2Shape) -> dict[str, Any]:
+    """The number of rows the workload's query emits, written as CSV files instead of to the
+    blackhole, then counted (collecting them through py4j costs minutes per 100 k rows). Keys
+    are random here, so the count matches sparkpoint's and Spark SS's only closely, not exactly."""
+    backend, ckpt = parse_config(config)
+    root = os.path.join(work, f"check-{workload}")
+    out = os.path.join(root, "rows")
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    env, t_env, _ = table_env(backend, ckpt, root, free_port())
+    select = create_tables(env, t_env, workload, events, keys, shape).split(" ", 3)[3]  # drop "INSERT INTO sink"
+    t_env.execute_sql(f"CREATE TABLE checked (key BIGINT, window_start TIMESTAMP(3), cnt BIGINT) WITH "
+                      f"('connector' = 'filesystem', 'path' = 'file://{os.path.abspath(out)}', 'format' = 'csv')")
+    t_env.execute_sql("INSERT INTO checked " + select).wait()
+    n = 0
+    for d, _, files in os.walk(out):
+        for name in files:
+            if not name.startswith("."):  # in-progress and checksum files are hidden
+                with open(os.path.join(d, name)) as f:
+                    n += sum(1 for _ in f)
+    return {"workload": workload, "events": events, "keys": keys, **shape.fields(workload), "output_rows": n}
+
+
 def flink_version() -> str:
     from importlib.metadata import version
 
@@ -415,7 +472,7 @@ def flink_version() -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", choices=("w1", "w2"), default="w1")
+    p.add_argument("--workload", choices=("w1", *W2_WORKLOADS), default="w1")
     p.add_argument("--events", type=int, default=5_000_000)
     p.add_argument("--keys", type=int, default=100_000)
     p.add_argument("--configs", default="hashmap-ckpt,hashmap-off,rocksdb-ckpt",
@@ -427,7 +484,15 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/sparkpoint-bench",
                    help="the run's files go to <work>/pyflink-<pid> (removed at the end unless W1_FLINK_KEEP is set)")
     p.add_argument("--epoch-records", type=int, default=None, help="accepted and ignored (run_all.py passes it)")
+    p.add_argument("--event-time-per-s", type=int, default=EVENT_TIME_PER_S,
+                   help="W2 workloads: events per second of event time (run_all.py passes 5000 for the variants)")
+    p.add_argument("--slide-s", type=int, default=W2Shape.slide_s, help="w2-sliding: windows of 60 s every this")
+    p.add_argument("--gap-s", type=int, default=W2Shape.gap_s, help="w2-session: the session gap")
+    p.add_argument("--check-output", action="store_true",
+                   help="measure nothing: run the workload's query once (first config), collect its rows and print "
+                        "`CHECK {...}` with their number, to check the query against the other systems' counts")
     args = p.parse_args()
+    shape = W2Shape(args.event_time_per_s, args.slide_s, args.gap_s)
     configs = args.configs.split(",")
     for c in configs:
         parse_config(c)
@@ -436,12 +501,16 @@ def main() -> None:
     work = os.path.join(os.path.abspath(args.work), f"pyflink-{os.getpid()}")
     os.makedirs(work, exist_ok=True)
     dirs = prepare_flink_home(work)
+    if args.check_output:
+        print("CHECK " + json.dumps(check_output(args.workload, configs[0], args.events, args.keys, work, shape)),
+              flush=True)
+        return
     if args.warmup_events:
-        run_once(args.workload, configs[0], args.warmup_events, args.keys, work, -1, dirs["log"])
+        run_once(args.workload, configs[0], args.warmup_events, args.keys, work, -1, dirs["log"], shape)
     for run in range(args.first_run, args.first_run + args.runs):
         # Alternate the order run by run so drift in the machine's load hits every config alike.
         for config in (configs if run % 2 == 0 else configs[::-1]):
-            result = run_once(args.workload, config, args.events, args.keys, work, run, dirs["log"])
+            result = run_once(args.workload, config, args.events, args.keys, work, run, dirs["log"], shape)
             result["loadavg_1m_after"] = os.getloadavg()[0]
             print("RESULT " + json.dumps(result), flush=True)
     if not os.environ.get("W1_FLINK_KEEP"):
