@@ -8,12 +8,19 @@ Per epoch with watermark W (`ctx.watermark_ms`):
      that already fired and was updated in step 1 (late within lateness) is emitted
      again with its updated totals (Flink's late firing).
   3. clean up: a window's state is deleted once window_end + allowed_lateness <= W —
-     exactly when any further partial for it would be dropped. A window due for
-     clean-up when it fires (always so without lateness, Flink's default) is deleted
-     by the fire step itself, and without lateness no clean-up timer is written: per
-     window that is 4 state writes instead of 7 (W2's epochs were bound by them).
-`ctx.final` fires and cleans up every window. Firing and clean-up are range scans over
-timer indexes keyed by time (per key group), never full scans.
+     exactly when any further partial for it would be dropped (without lateness,
+     Flink's default, as it fires).
+`ctx.final` fires and cleans up every window.
+
+State (sparkpoint/state/window_tables.py): one entry per key group, an Arrow table of
+the group's open windows (key columns, window_start, count, sum, fired). An epoch reads
+the tables of the groups its partials touch and, when the watermark is set, of every
+group the subtask owns (one get each), keeps those with new rows or a window due to
+fire or to be cleaned up, and runs the three steps above as one vectorized pass over
+them (a group-by merge, then masks); each changed group's table is written back whole,
+or deleted when it holds no window. No per-window entries, no timer indexes: W2's
+epochs were bound by those writes and by per-window Python. Stores of the per-window
+layout are converted on their first epoch (`_convert_old_layout`).
 
 Output columns: the key columns, window_start and window_end, count [, sum of
 `value_column`]. Windows are [start, end), start = t - t mod size. The time column may
@@ -144,8 +151,8 @@ class TumblingWindow(StatefulOperator):
         touched = set() if partials is None else set(np.unique(partials.column(KEY_GROUP_COL).to_numpy()).tolist())
         watermark = None if ctx.final else ctx.watermark_ms
         # Without a watermark nothing fires or is cleaned up: only groups with new rows change.
-        wanted = groups if (ctx.final or watermark is not None) else sorted(touched | set(converted))
-        held, stored = self._held(store, wanted, touched, converted, watermark, ctx.final)
+        wanted = sorted(touched | set(converted) | (set(groups) if ctx.final or watermark is not None else set()))
+        held, changing, stored = self._held(store, wanted, touched, converted, watermark, ctx.final)
         if partials is None and not held:
             return self.output_schema.empty_table()
         windows = pa.concat_tables([*held, *([] if partials is None else [partials])])
@@ -165,8 +172,8 @@ class TumblingWindow(StatefulOperator):
         else:
             emit = late_update | (~fired & (ends <= watermark))
             keep = ends + self.allowed_lateness_ms > watermark
-        self._write_back(store, windows.filter(pa.array(keep)), fired[keep] | emit[keep],
-                         sorted({*touched, *(g for g, _ in stored)}), {g for g, _ in stored})
+        self._write_back(store, windows.filter(pa.array(keep)), fired[keep] | emit[keep], sorted(touched | changing),
+                         stored)
         out = self._rows(windows.filter(pa.array(emit)))
         return out.sort_by([(WINDOW_START, "ascending"), *[(k, "ascending") for k in self.key_columns]])
 
@@ -204,30 +211,31 @@ class TumblingWindow(StatefulOperator):
             .append_column(_UPDATED, pa.array(np.ones(n, dtype=bool)))
 
     def _held(self, store, wanted, touched: set[int], converted: dict[int, pa.Table], watermark: int | None,
-              final: bool) -> tuple[list[pa.Table], list[tuple[int, bool]]]:
+              final: bool) -> tuple[list[pa.Table], set[int], set[int]]:
         """The stored windows of the groups that change this epoch (new rows, or a window
-        due to fire or to be cleaned up), each with its key group; and (group, stored)
-        for each of them."""
+        due to fire or to be cleaned up), each with its key group; those groups; and the
+        groups of `wanted` that have a stored table."""
         wanted = list(wanted)
         raws = store.get_many([group_prefix(g, _NS_TABLE) for g in wanted])
         held: list[pa.Table] = []
-        stored: list[tuple[int, bool]] = []
+        changing: set[int] = set()
+        stored = {g for g, raw in zip(wanted, raws) if raw is not None}
         for g, raw in zip(wanted, raws):
             table = None if raw is None else tables.decode(raw, f"TumblingWindow {self.name!r}, key group {g}")
             if g in converted:
                 table = converted[g] if table is None else pa.concat_tables([table, converted[g]])
             if table is None or not table.num_rows:
                 if raw is not None:
-                    stored.append((g, True))
+                    changing.add(g)  # an empty table (never written so): deleted
                 continue
             if g not in touched and g not in converted and not self._due(table, watermark, final):
                 continue
-            stored.append((g, raw is not None))
+            changing.add(g)
             n = table.num_rows
             held.append(table.select(self._table_schema.names).cast(self._table_schema)
                         .add_column(len(self.key_columns), KEY_GROUP_COL, pa.array(np.full(n, g, dtype=np.int32)))
                         .append_column(_UPDATED, pa.array(np.zeros(n, dtype=bool))))
-        return held, stored
+        return held, changing, stored
 
     def _due(self, table: pa.Table, watermark: int | None, final: bool) -> bool:
         if final:

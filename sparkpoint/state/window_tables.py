@@ -28,17 +28,19 @@ LAYOUT_META = "window-layout"
 LAYOUT = b"tables/1"
 WINDOW_START, COUNT, SUM, FIRED = "window_start", "count", "sum", "fired"
 _MARK = {b"sparkpoint.layout": b"tumbling-window-table/1"}
+_OPTIONS = pa.ipc.IpcWriteOptions()  # given, so a writer does not look up its defaults in the environment
 
 
 def table_schema(key_fields: list[pa.Field], floating_sum: bool) -> pa.Schema:
-    return pa.schema([*key_fields, pa.field(WINDOW_START, pa.int64()), pa.field(COUNT, pa.int64()),
+    # Key fields nullable whatever the input declared, so tables written under either concatenate.
+    return pa.schema([*(f.with_nullable(True) for f in key_fields), pa.field(WINDOW_START, pa.int64()), pa.field(COUNT, pa.int64()),
                       pa.field(SUM, pa.float64() if floating_sum else pa.int64()), pa.field(FIRED, pa.bool_())],
                      metadata=_MARK)
 
 
 def encode(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    with pa.ipc.new_stream(sink, table.schema, options=_OPTIONS) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
