@@ -18,6 +18,7 @@ from per_window_layout import TumblingWindow as PerWindowLayout
 
 from sparkpoint.api import TumblingWindow
 from sparkpoint.api.state_schema import describe
+from sparkpoint.errors import StateSchemaError
 from sparkpoint.state import dump
 from sparkpoint.state.key_decode import split_namespace
 from sparkpoint.state.keys import META_PREFIX
@@ -194,3 +195,12 @@ def test_a_restore_from_a_snapshot_midway_continues_like_the_run_that_never_stop
         pd.testing.assert_frame_equal(g[cols].reset_index(drop=True), w[cols].reset_index(drop=True), obj=f"epoch {i}")
     assert restored.late_rows_dropped == straight.late_rows_dropped == _reference(epochs)[1] > 0
     _check_against_reference([pa.Table.from_pandas(g[cols], preserve_index=False) for g in got], epochs)
+
+
+def test_a_window_table_entry_the_reader_cannot_decode_is_one_line_saying_so() -> None:
+    op = _window()
+    op.resolve_input_schema(_partials(_epochs(KEYS["string"], n_epochs=1)[0][0]).schema)
+    entry = (5).to_bytes(2, "big") + bytes([len(b"win-table")]) + b"win-table"
+    with pytest.raises(StateSchemaError, match=r"window step 'w', key group 5: a window table entry is not an Arrow "
+                                               r"IPC stream .*not written by a TumblingWindow of this version"):
+        list(dump.read_state([(entry, b"not arrow")], describe(op)))
