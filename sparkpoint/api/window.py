@@ -46,9 +46,9 @@ from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, parse_value_type, require_key_groups
 from sparkpoint.api.durations import duration_ms
 from sparkpoint.errors import ConfigError
+from sparkpoint.state import window_tables as tables
 from sparkpoint.state.codec import FixedWidthCodec
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
-from sparkpoint.state import window_tables as tables
 from sparkpoint.state.key_decode import decode_user_key
 from sparkpoint.state.keys import (decode_fixed_user_keys, decode_timestamp, group_prefix, key_columns_from_plain,
                                    key_group_range, namespace)
@@ -310,7 +310,7 @@ class TumblingWindow(StatefulOperator):
         if columns is None:  # string / binary / float keys: one by one
             types = [f.type for f in fields]
             columns = key_columns_from_plain([decode_user_key(k, at, types)[0] for k in records], fields)
-        totals = _OldRecords(self.name, self.value_type).decode_many(values)
+        totals = _per_window_codec(self.name, self.value_type).decode_many(values)
         groups_of = np.array([int.from_bytes(k[:2], "big") for k in records], dtype=np.int32)
         table = pa.Table.from_arrays(
             [*columns, pa.array(np.array([decode_timestamp(k[-8:]) for k in records], dtype=np.int64)),
@@ -319,7 +319,7 @@ class TumblingWindow(StatefulOperator):
         return {int(g): table.filter(pa.array(groups_of == g)) for g in np.unique(groups_of)}
 
 
-def _OldRecords(name: str, value_type: pa.DataType) -> FixedWidthCodec:
+def _per_window_codec(name: str, value_type: pa.DataType) -> FixedWidthCodec:
     """The per-window record of the per-window layout."""
     return FixedWidthCodec(name, [("count", "i8"), ("sum", "f8" if pa.types.is_floating(value_type) else "i8"),
                                   ("fired", "i8")])
