@@ -8,12 +8,19 @@ Per epoch with watermark W (`ctx.watermark_ms`):
      that already fired and was updated in step 1 (late within lateness) is emitted
      again with its updated totals (Flink's late firing).
   3. clean up: a window's state is deleted once window_end + allowed_lateness <= W —
-     exactly when any further partial for it would be dropped. A window due for
-     clean-up when it fires (always so without lateness, Flink's default) is deleted
-     by the fire step itself, and without lateness no clean-up timer is written: per
-     window that is 4 state writes instead of 7 (W2's epochs were bound by them).
-`ctx.final` fires and cleans up every window. Firing and clean-up are range scans over
-timer indexes keyed by time (per key group), never full scans.
+     exactly when any further partial for it would be dropped (without lateness,
+     Flink's default, as it fires).
+`ctx.final` fires and cleans up every window.
+
+State (sparkpoint/state/window_tables.py): one entry per key group, an Arrow table of
+the group's open windows (key columns, window_start, count, sum, fired). An epoch reads
+the tables of the groups its partials touch and, when the watermark is set, of every
+group the subtask owns (one get each), keeps those with new rows or a window due to
+fire or to be cleaned up, and runs the three steps above as one vectorized pass over
+them (a group-by merge, then masks); each changed group's table is written back whole,
+or deleted when it holds no window. No per-window entries, no timer indexes: W2's
+epochs were bound by those writes and by per-window Python. Stores of the per-window
+layout are converted on their first epoch (`_convert_old_layout`).
 
 Output columns: the key columns, window_start and window_end, count [, sum of
 `value_column`]. Windows are [start, end), start = t - t mod size. The time column may
@@ -31,7 +38,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,21 +46,23 @@ from sparkpoint.api import event_time
 from sparkpoint.api.aggregate import KeySchema, parse_value_type, require_key_groups
 from sparkpoint.api.durations import duration_ms
 from sparkpoint.errors import ConfigError
+from sparkpoint.state import window_tables as tables
 from sparkpoint.state.codec import FixedWidthCodec
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext, StatefulOperator
-from sparkpoint.state.keys import (decode_fixed_user_keys, decodes_column_wise, encode_state_keys, encode_timestamp,
-                                   group_prefix, key_columns_from_plain, key_group_range, namespace,
-                                   plain_key_tuples)
+from sparkpoint.state.key_decode import decode_user_key
+from sparkpoint.state.keys import (decode_fixed_user_keys, decode_timestamp, group_prefix, key_columns_from_plain,
+                                   key_group_range, namespace)
 from sparkpoint.state.stored import StoredCounter
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 P_COUNT, P_SUM = "__count", "__sum"
-_NS_WINDOW = namespace("win")
-_NS_FIRE = namespace("win-fire")
-_NS_CLEANUP = namespace("win-cleanup")
+_NS_TABLE = namespace(tables.TABLE_NS)
+# The per-window layout's namespaces (stores written before the table layout).
+_NS_WINDOW, _NS_FIRE, _NS_CLEANUP = (namespace(n) for n in (tables.OLD_RECORD_NS, tables.OLD_FIRE_NS,
+                                                          tables.OLD_CLEANUP_NS))
 _DROPPED = StoredCounter("dropped")
-_TO_END = 1 << 30  # binary_slice's stop for "to the end" (stop=None fails in pyarrow 21)
+_FIRED, _UPDATED = tables.FIRED, "__updated"  # _UPDATED: the window got rows this epoch
 
 
 class TumblingWindow(StatefulOperator):
@@ -88,8 +96,6 @@ class TumblingWindow(StatefulOperator):
         self.value_column = value_column
         self.value_type = parse_value_type(value_type)
         self.keys = KeySchema(name, key_columns, key_schema)
-        kind = "f8" if pa.types.is_floating(self.value_type) else "i8"
-        self._codec = FixedWidthCodec(name, [("count", "i8"), ("sum", kind), ("fired", "i8")])
         # How window bounds are output; set from the input schema on the driver before
         # the operator is shipped, so every worker outputs the same type.
         self.time_kind = event_time.MS
@@ -136,19 +142,44 @@ class TumblingWindow(StatefulOperator):
 
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
         self.keys.ensure(store, rows)
-        watermark = None if ctx.final else ctx.watermark_ms
-        emitted: list[pa.Table] = []
+        groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
+        converted = self._convert_old_layout(store, groups)
+        partials = None
         if rows.num_rows:
             require_key_groups(rows, self.name)
-            emitted.append(self._merge(store, self._partials(rows), ctx.watermark_ms))
-        groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
-        if ctx.final or watermark is not None:
-            emitted.append(self._fire(store, groups, watermark))
-            self._clean_up(store, groups, watermark)
-        out = pa.concat_tables([t for t in emitted if t.num_rows] or [self.output_schema.empty_table()])
+            partials = self._partials(store, rows, ctx.watermark_ms)
+        touched = set() if partials is None else set(np.unique(partials.column(KEY_GROUP_COL).to_numpy()).tolist())
+        watermark = None if ctx.final else ctx.watermark_ms
+        # Without a watermark nothing fires or is cleaned up: only groups with new rows change.
+        wanted = sorted(touched | set(converted) | (set(groups) if ctx.final or watermark is not None else set()))
+        held, changing, stored = self._held(store, wanted, touched, converted, watermark, ctx.final)
+        if partials is None and not held:
+            return self.output_schema.empty_table()
+        windows = pa.concat_tables([*held, *([] if partials is None else [partials])])
+        if partials is not None or converted:  # else each stored window is in one row already
+            windows = _merged(windows, [*self.key_columns, KEY_GROUP_COL, WINDOW_START])
+        starts = windows.column(WINDOW_START).to_numpy()
+        fired = windows.column(_FIRED).to_numpy(zero_copy_only=False)
+        updated = windows.column(_UPDATED).to_numpy(zero_copy_only=False)
+        ends = starts + self.size_ms
+        late_update = fired & updated  # fired before, updated now within lateness: fires again
+        if ctx.final:
+            emit = late_update | ~fired
+            keep = np.zeros(len(starts), dtype=bool)
+        elif watermark is None:
+            emit = late_update
+            keep = np.ones(len(starts), dtype=bool)
+        else:
+            emit = late_update | (~fired & (ends <= watermark))
+            keep = ends + self.allowed_lateness_ms > watermark
+        self._write_back(store, windows.filter(pa.array(keep)), fired[keep] | emit[keep], sorted(touched | changing),
+                         stored)
+        out = self._rows(windows.filter(pa.array(emit)))
         return out.sort_by([(WINDOW_START, "ascending"), *[(k, "ascending") for k in self.key_columns]])
 
-    def _partials(self, rows: pa.Table) -> pa.Table:
+    def _partials(self, store, rows: pa.Table, watermark: int | None) -> pa.Table:
+        """The epoch's rows as windows to merge (key columns, key group, window_start, count,
+        sum), late rows beyond lateness dropped and counted."""
         if WINDOW_START in rows.column_names:
             starts = rows.column(WINDOW_START).cast(pa.int64())
             counts = rows.column(P_COUNT).cast(pa.int64())
@@ -160,160 +191,150 @@ class TumblingWindow(StatefulOperator):
             counts = pa.array(np.ones(rows.num_rows, dtype=np.int64))
             sums = rows.column(self.value_column) if self.value_column else None
         if sums is None:
-            sums = pa.array(np.zeros(rows.num_rows), type=self.value_type)
-        table = rows.select([*self.key_columns, KEY_GROUP_COL]).append_column(WINDOW_START, starts) \
-            .append_column(P_COUNT, counts).append_column(P_SUM, pc.fill_null(sums.cast(self.value_type), 0))
+            sums = pa.nulls(rows.num_rows, self._sum_type)
+        keys = self.keys.cast_keys(rows.select(self.key_columns))
+        columns = [_normalized(keys.column(k)) for k in self.key_columns]
+        table = pa.Table.from_arrays(
+            [*columns, rows.column(KEY_GROUP_COL).cast(pa.int32()), starts, counts,
+             pc.fill_null(sums.cast(self.value_type).cast(self._sum_type), 0)],
+            names=[*self.key_columns, KEY_GROUP_COL, WINDOW_START, P_COUNT, P_SUM])
         # Rows without an event time belong to no window.
         table = table.filter(pc.is_valid(table.column(WINDOW_START)))
-        grouped = table.group_by([*self.key_columns, KEY_GROUP_COL, WINDOW_START], use_threads=False) \
-            .aggregate([(P_COUNT, "sum"), (P_SUM, "sum")])
-        return grouped.rename_columns({f"{P_COUNT}_sum": P_COUNT, f"{P_SUM}_sum": P_SUM})
-
-    def _merge(self, store, partials: pa.Table, watermark: int | None) -> pa.Table:
-        """Merge partials into window state; return the re-fired (late-updated) windows."""
-        starts = partials.column(WINDOW_START).to_numpy()
-        ends = starts + self.size_ms
-        if watermark is not None:
-            late = ends + self.allowed_lateness_ms <= watermark
+        if watermark is not None and table.num_rows:
+            late = table.column(WINDOW_START).to_numpy() + self.size_ms + self.allowed_lateness_ms <= watermark
             if late.any():
-                dropped = int(partials.column(P_COUNT).to_numpy()[late].sum())
-                _DROPPED.add(store, dropped)
-                partials = partials.filter(pa.array(~late))
-                starts, ends = starts[~late], ends[~late]
-        if partials.num_rows == 0:
-            return self.output_schema.empty_table()
-        keys = encode_state_keys(partials, self.key_columns, KEY_GROUP_COL, _NS_WINDOW, WINDOW_START)
-        stored = self._stored_windows(store, partials, keys)
-        totals = np.zeros(partials.num_rows, dtype=self._codec.dtype)
-        totals["count"] = partials.column(P_COUNT).to_numpy()
-        totals["sum"] = partials.column(P_SUM).to_numpy()
-        found = np.fromiter((v is not None for v in stored), dtype=bool, count=len(stored))
-        if found.any():
-            idx = np.flatnonzero(found)
-            old = self._codec.decode_many([v for v in stored if v is not None])
-            totals["count"][idx] += old["count"]
-            totals["sum"][idx] += old["sum"]
-            totals["fired"][idx] = old["fired"]
-        store.put_many(keys, self._codec.encode_many(totals))
-        self._index_new_windows(store, partials, keys, ends, ~found)
-        refired = np.flatnonzero(totals["fired"] == 1)
-        return self._rows(partials.select(self.key_columns).take(refired), starts[refired], totals[refired])
+                _DROPPED.add(store, int(table.column(P_COUNT).to_numpy()[late].sum()))
+                table = table.filter(pa.array(~late))
+        n = table.num_rows
+        return table.rename_columns([*self.key_columns, KEY_GROUP_COL, WINDOW_START, tables.COUNT, tables.SUM]) \
+            .append_column(_FIRED, pa.array(np.zeros(n, dtype=bool))) \
+            .append_column(_UPDATED, pa.array(np.ones(n, dtype=bool)))
 
-    # Scan a key group's windows instead of getting each partial's window when the
-    # partials are at least this fraction of the store's entries.
-    scan_fraction = 1 / 8
+    def _held(self, store, wanted, touched: set[int], converted: dict[int, pa.Table], watermark: int | None,
+              final: bool) -> tuple[list[pa.Table], set[int], set[int]]:
+        """The stored windows of the groups that change this epoch (new rows, or a window
+        due to fire or to be cleaned up), each with its key group; those groups; and the
+        groups of `wanted` that have a stored table."""
+        wanted = list(wanted)
+        raws = store.get_many([group_prefix(g, _NS_TABLE) for g in wanted])
+        held: list[pa.Table] = []
+        changing: set[int] = set()
+        stored = {g for g, raw in zip(wanted, raws) if raw is not None}
+        for g, raw in zip(wanted, raws):
+            table = None if raw is None else tables.decode(raw, f"TumblingWindow {self.name!r}, key group {g}")
+            if g in converted:
+                table = converted[g] if table is None else pa.concat_tables([table, converted[g]])
+            if table is None or not table.num_rows:
+                if raw is not None:
+                    changing.add(g)  # an empty table (never written so): deleted
+                continue
+            if g not in touched and g not in converted and not self._due(table, watermark, final):
+                continue
+            changing.add(g)
+            n = table.num_rows
+            held.append(table.select(self._table_schema.names).cast(self._table_schema)
+                        .add_column(len(self.key_columns), KEY_GROUP_COL, pa.array(np.full(n, g, dtype=np.int32)))
+                        .append_column(_UPDATED, pa.array(np.zeros(n, dtype=bool))))
+        return held, changing, stored
 
-    def _stored_windows(self, store, partials: pa.Table, keys: list[bytes]) -> list[bytes | None]:
-        """The stored totals of each partial's window (None: a new window). Most partials
-        of an epoch are new windows, and a point get of an absent key probes the memtable
-        and each level's bloom filter (W2: ~25% of a subtask's time); the live windows of
-        a key group are few, and one scan of them costs ~0.3 us per entry."""
-        if len(keys) < self.scan_fraction * store.estimated_entries():
-            return store.get_many(keys)
-        known: dict[bytes, bytes] = {}
-        for g in pc.unique(partials.column(KEY_GROUP_COL)).to_pylist():
-            known.update(store.read_prefix(group_prefix(g, _NS_WINDOW)))
-        return [known.get(k) for k in keys]
+    def _due(self, table: pa.Table, watermark: int | None, final: bool) -> bool:
+        if final:
+            return True
+        if watermark is None:
+            return False
+        ends = table.column(WINDOW_START).to_numpy() + self.size_ms
+        fired = table.column(_FIRED).to_numpy(zero_copy_only=False)
+        return bool(((~fired & (ends <= watermark)) | (ends + self.allowed_lateness_ms <= watermark)).any())
 
-    def _index_new_windows(self, store, partials: pa.Table, keys: list[bytes], ends: np.ndarray,
-                           new: np.ndarray) -> None:
-        idx = np.flatnonzero(new)
-        if not len(idx):
-            return
-        # <group><win><user key><start> -> <group><win-fire><end><user key> (and win-cleanup,
-        # at end + lateness), built column-wise: an epoch indexes ~100k new windows.
-        state_keys = pa.array([keys[i] for i in idx], pa.binary())
-        group = pc.binary_slice(state_keys, 0, 2)
-        user_key = pc.binary_slice(state_keys, 2 + len(_NS_WINDOW), -8)
-        if decodes_column_wise(self.keys.fields()):
-            values = [b""] * len(idx)  # the fire step reads the key values off the index key
-        else:
-            values = [msgpack.packb(list(kt), use_bin_type=True)
-                      for kt in plain_key_tuples(partials.take(idx), self.key_columns)]
-        store.put_many(_timer_keys(group, _NS_FIRE, ends[idx], user_key), values)
-        if self.allowed_lateness_ms:  # else the fire step deletes the window (see _fire)
-            store.put_many(_timer_keys(group, _NS_CLEANUP, ends[idx] + self.allowed_lateness_ms, user_key),
-                           [b""] * len(idx))
+    def _write_back(self, store, kept: pa.Table, fired: np.ndarray, changed: list[int], stored: set[int]) -> None:
+        """One entry per changed key group: its windows still held, or none when it holds none."""
+        kept = kept.set_column(kept.schema.get_field_index(_FIRED), _FIRED, pa.array(fired))
+        order = pc.sort_indices(kept, [(KEY_GROUP_COL, "ascending"), (WINDOW_START, "ascending")])
+        kept = kept.take(order)
+        kgs = kept.column(KEY_GROUP_COL).to_numpy()
+        body = kept.select(self._table_schema.names).replace_schema_metadata(self._table_schema.metadata)
+        keys, values, gone = [], [], []
+        for g in changed:
+            lo, hi = np.searchsorted(kgs, g, "left"), np.searchsorted(kgs, g, "right")
+            if hi > lo:
+                keys.append(group_prefix(g, _NS_TABLE))
+                values.append(tables.encode(body.slice(lo, hi - lo)))
+            elif g in stored:
+                gone.append(group_prefix(g, _NS_TABLE))
+        store.put_many(keys, values)
+        store.delete_many(gone)
 
-    def _fire(self, store, groups: range, watermark: int | None) -> pa.Table:
-        """Emit (once) every unfired window with end <= watermark (all when None)."""
-        found: list[tuple[bytes, bytes]] = []
-        for g in groups:
-            prefix = group_prefix(g, _NS_FIRE)
-            stop = None if watermark is None else prefix + encode_timestamp(watermark + 1)
-            found.extend(store.scan_range(prefix, stop) if stop else store.scan_prefix(prefix))
-        if not found:
-            return self.output_schema.empty_table()
-        index_keys = [k for k, _ in found]
-        fire_keys = pa.array(index_keys, pa.binary())
-        at = 2 + len(_NS_FIRE)
-        starts = _timestamps(pc.binary_slice(fire_keys, at, at + 8)) - self.size_ms
-        state_keys = _join_binary(pc.binary_slice(fire_keys, 0, 2), _NS_WINDOW, pc.binary_slice(fire_keys, at + 8, _TO_END),
-                                  _timestamp_bytes(starts))
-        columns = decode_fixed_user_keys(pc.binary_slice(fire_keys, at + 8, _TO_END), self.keys.fields())
-        if columns is None:  # string / binary / float keys: the index value holds them
-            columns = key_columns_from_plain([msgpack.unpackb(v, raw=False) for _, v in found], self.keys.fields())
-        totals = self._codec.decode_many(store.get_many(state_keys)).copy()
-        store.delete_many(index_keys)
-        # A window due for clean-up now (end + lateness <= watermark) can get no more
-        # rows: it is deleted instead of marked fired. Its clean-up timer, if it has one
-        # (written with lateness, or by an older version), is left to _clean_up, which
-        # deletes timer and (already deleted) window together.
-        due = (np.ones(len(starts), dtype=bool) if watermark is None
-               else starts + self.size_ms + self.allowed_lateness_ms <= watermark)
-        store.delete_many([state_keys[i] for i in np.flatnonzero(due)])
-        kept = np.flatnonzero(~due)
-        if len(kept):
-            marked = totals[kept].copy()
-            marked["fired"] = 1
-            store.put_many([state_keys[i] for i in kept], self._codec.encode_many(marked))
-        return self._rows(pa.table(columns, names=self.key_columns), starts, totals)
+    @property
+    def _sum_type(self) -> pa.DataType:
+        return pa.float64() if pa.types.is_floating(self.value_type) else pa.int64()
 
-    def _clean_up(self, store, groups: range, watermark: int | None) -> None:
-        """Delete windows whose end + lateness <= watermark (all when None)."""
-        doomed: list[bytes] = []
-        for g in groups:
-            prefix = group_prefix(g, _NS_CLEANUP)
-            window_prefix = group_prefix(g, _NS_WINDOW)
-            stop = None if watermark is None else prefix + encode_timestamp(watermark + 1)
-            for key, _ in list(store.scan_range(prefix, stop) if stop else store.scan_prefix(prefix)):
-                due = int.from_bytes(key[len(prefix):len(prefix) + 8], "big") - (1 << 63)
-                start = due - self.allowed_lateness_ms - self.size_ms
-                doomed.append(window_prefix + key[len(prefix) + 8:] + encode_timestamp(start))
-                doomed.append(key)
-        # Deleted after all scans: a write between two scans makes the next scan merge
-        # (and sort) the epoch's writes again; the scans cover other keys than these.
-        store.delete_many(doomed)
+    @property
+    def _table_schema(self) -> pa.Schema:
+        return tables.table_schema(self.keys.fields(), pa.types.is_floating(self.value_type))
 
-    def _rows(self, keys: pa.Table, starts: np.ndarray, totals: np.ndarray) -> pa.Table:
-        out = self.keys.cast_keys(keys)
+    def _rows(self, windows: pa.Table) -> pa.Table:
+        starts = windows.column(WINDOW_START).to_numpy()
+        out = self.keys.cast_keys(windows.select(self.key_columns))
         out = out.append_column(WINDOW_START, event_time.arrow_from_ms(starts, self.time_kind)) \
             .append_column(WINDOW_END, event_time.arrow_from_ms(starts + self.size_ms, self.time_kind)) \
-            .append_column("count", pa.array(totals["count"], type=pa.int64()))
+            .append_column("count", windows.column(tables.COUNT).cast(pa.int64()))
         if "sum" in self.aggs:
-            out = out.append_column("sum", pa.array(totals["sum"], type=self.value_type))
+            out = out.append_column("sum", windows.column(tables.SUM).cast(self.value_type))
         return out
 
+    # -- stores written by the per-window layout ----------------------------------------
+    def _convert_old_layout(self, store, groups: range) -> dict[int, pa.Table]:
+        """On the first epoch of a store written by the per-window layout (one record per
+        window under `win`, fire and clean-up indexes): its windows, per key group, in
+        the table layout; the old entries are deleted in the same epoch. The store's
+        metadata records the layout, so this scan runs once per store."""
+        if store.get_meta(tables.LAYOUT_META) == tables.LAYOUT:
+            return {}
+        store.put_meta(tables.LAYOUT_META, tables.LAYOUT)
+        old, records, values = [], [], []
+        for key, value in store.scan_range(groups.start.to_bytes(2, "big"), groups.stop.to_bytes(2, "big")):
+            ns = key[2:3 + key[2]]
+            if ns == _NS_WINDOW:
+                records.append(key)
+                values.append(value)
+                old.append(key)
+            elif ns in (_NS_FIRE, _NS_CLEANUP):
+                old.append(key)
+        store.delete_many(old)
+        if not records:
+            return {}
+        fields = self.keys.fields()
+        at = 2 + len(_NS_WINDOW)
+        user_keys = pc.binary_slice(pa.array(records, pa.binary()), at, -8)
+        columns = decode_fixed_user_keys(user_keys, fields)
+        if columns is None:  # string / binary / float keys: one by one
+            types = [f.type for f in fields]
+            columns = key_columns_from_plain([decode_user_key(k, at, types)[0] for k in records], fields)
+        totals = _per_window_codec(self.name, self.value_type).decode_many(values)
+        groups_of = np.array([int.from_bytes(k[:2], "big") for k in records], dtype=np.int32)
+        table = pa.Table.from_arrays(
+            [*columns, pa.array(np.array([decode_timestamp(k[-8:]) for k in records], dtype=np.int64)),
+             pa.array(totals["count"], pa.int64()), pa.array(totals["sum"]).cast(self._sum_type),
+             pa.array(totals["fired"] == 1)], schema=self._table_schema)
+        return {int(g): table.filter(pa.array(groups_of == g)) for g in np.unique(groups_of)}
 
-# -- column-wise key building (keys.py's layout) ----------------------------------------
-def _timestamps(eight_bytes: pa.Array) -> np.ndarray:
-    """Decode `encode_timestamp` values, one 8-byte binary per row."""
-    fixed = eight_bytes.cast(pa.binary(8))
-    raw = np.frombuffer(fixed.buffers()[1], dtype=">u8", count=len(fixed), offset=fixed.offset * 8)
-    return (raw ^ np.uint64(1 << 63)).astype(np.int64)
+
+def _per_window_codec(name: str, value_type: pa.DataType) -> FixedWidthCodec:
+    """The per-window record of the per-window layout."""
+    return FixedWidthCodec(name, [("count", "i8"), ("sum", "f8" if pa.types.is_floating(value_type) else "i8"),
+                                  ("fired", "i8")])
 
 
-def _timestamp_bytes(ts: np.ndarray) -> pa.Array:
-    raw = (ts.astype(np.int64).view(np.uint64) ^ np.uint64(1 << 63)).astype(">u8").tobytes()
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), len(ts), [None, pa.py_buffer(raw)]).cast(pa.binary())
+def _normalized(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Float keys with -0.0 folded into 0.0: one window, as the stored key bytes made it."""
+    if pa.types.is_floating(column.type):
+        return pc.add(column, pa.scalar(0.0, column.type))
+    return column
 
 
-def _join_binary(*parts: pa.Array | bytes) -> list[bytes]:
-    joined = pc.binary_join_element_wise(*[pa.scalar(p, pa.binary()) if isinstance(p, bytes) else p for p in parts],
-                                         pa.scalar(b"", pa.binary()))
-    return joined.to_numpy(zero_copy_only=False).tolist()
-
-
-def _timer_keys(group: pa.Array, ns: bytes, at: np.ndarray, user_key: pa.Array) -> list[bytes]:
-    """<group><ns><at><user key> per row."""
-    return _join_binary(group, ns, _timestamp_bytes(at), user_key)
+def _merged(windows: pa.Table, by: list[str]) -> pa.Table:
+    """One row per (key, key group, window_start): totals summed, flags or-ed."""
+    grouped = windows.group_by(by, use_threads=False).aggregate(
+        [(tables.COUNT, "sum"), (tables.SUM, "sum"), (_FIRED, "any"), (_UPDATED, "any")])
+    return grouped.rename_columns({f"{tables.COUNT}_sum": tables.COUNT, f"{tables.SUM}_sum": tables.SUM,
+                                   f"{_FIRED}_any": _FIRED, f"{_UPDATED}_any": _UPDATED})

@@ -14,18 +14,23 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from sparkpoint.state import ttl
+from sparkpoint.state import ttl, window_tables
 from sparkpoint.state.codec import FixedWidthCodec, RowCodec
 from sparkpoint.errors import StateSchemaError
 from sparkpoint.state.descriptor import SIDES, OperatorStateSchema, StateVariable
 from sparkpoint.state.key_decode import decode_user_key, split_key, split_namespace
-from sparkpoint.state.keys import decode_timestamp, key_columns_from_plain
+from sparkpoint.state.keys import decode_timestamp, encode_user_keys, key_columns_from_plain
 
 # Namespaces and record layouts of the built-in operators (sparkpoint.api.aggregate,
 # sparkpoint.api.window, sparkpoint.api.windows.state, sparkpoint.api.join,
 # sparkpoint.api.dedup, sparkpoint.api.topn, sparkpoint.api.processor).
-_AGG_NS, _WINDOW_NS, _FIRE_NS, _CLEANUP_NS = "agg", "win", "win-fire", "win-cleanup"
+_AGG_NS = "agg"
+# A tumbling window: one Arrow table per key group (window_tables.py); stores of the
+# per-window layout: one record per window and its fire / clean-up index entries.
+_TABLE_NS, _WINDOW_NS, _FIRE_NS, _CLEANUP_NS = (window_tables.TABLE_NS, window_tables.OLD_RECORD_NS,
+                                                window_tables.OLD_FIRE_NS, window_tables.OLD_CLEANUP_NS)
 _TIMERS_NS = "~timers"
 _DUE = "-due"  # a sliding, session or cumulate window's due index: <ns>-due
 _JOIN_NS = {"interval": "ijoin", "window": "wjoin", "stream": "sjoin"}  # rows: <ns>-left, <ns>-right
@@ -43,7 +48,7 @@ def read_state(entries: Entries, desc: OperatorStateSchema, batch_rows: int = 40
     if desc.is_pane_window:
         return _read_pane_windows(entries, desc, batch_rows)
     if desc.type == "window":
-        return _read_records(entries, desc, _WINDOW_NS, batch_rows)
+        return _read_tumbling_windows(entries, desc, batch_rows)
     if desc.type == "join":
         return _read_join(entries, desc, batch_rows)
     if desc.type == "dedup":
@@ -61,8 +66,14 @@ def read_timers(entries: Entries, desc: OperatorStateSchema, batch_rows: int = 4
     types = [f.type for f in desc.key_fields()]
     wanted = {_TIMERS_NS} if desc.type == "processor" else {_FIRE_NS, _CLEANUP_NS}
     rows: list[tuple[tuple, int, str]] = []
-    for key, _ in entries:
-        _, ns, at = split_namespace(key)
+    for key, value in entries:
+        g, ns, at = split_namespace(key)
+        if ns == _TABLE_NS and desc.type == "window":
+            if rows:
+                yield _timer_table(rows, desc, schema)
+                rows = []
+            yield from _window_table_timers(window_tables.decode(value, _where(desc, g)), desc, schema)
+            continue
         if ns not in wanted:
             continue
         ts = decode_timestamp(key[at:at + 8])
@@ -124,6 +135,74 @@ def _record_table(desc: OperatorStateSchema, schema: pa.Schema, codec: FixedWidt
             cols["sum"] = pa.array(rec["sum"], type=vt)
         cols["fired"] = pa.array(rec["fired"] == 1)
     return pa.table([cols[f.name] for f in schema], schema=schema)
+
+
+# -- tumbling windows: one Arrow table per key group ------------------------------------
+def _read_tumbling_windows(entries: Entries, desc: OperatorStateSchema, batch_rows: int) -> Iterator[pa.Table]:
+    """A key group's table, in the order the per-window layout's records came in (encoded
+    user key, then window start); stores of that layout through `_read_records`."""
+    old: list[tuple[bytes, bytes]] = []
+    for key, value in entries:
+        g, ns, _ = split_namespace(key)
+        if ns == _WINDOW_NS:
+            old.append((key, value))
+        elif ns == _TABLE_NS:
+            if old:
+                yield from _read_records(old, desc, _WINDOW_NS, batch_rows)
+                old = []
+            yield _window_table_rows(window_tables.decode(value, _where(desc, g)), desc)
+    if old:
+        yield from _read_records(old, desc, _WINDOW_NS, batch_rows)
+
+
+def _where(desc: OperatorStateSchema, group: int) -> str:
+    return f"window step {desc.operator!r}, key group {group}"
+
+
+def _in_key_order(table: pa.Table, desc: OperatorStateSchema, time_column: str = "window_start",
+                  time_first: bool = False) -> pa.Table:
+    """`table` in the order of the per-window layout's keys: <user key><time> (records)
+    or <time><user key> (index entries)."""
+    keys = table.select(list(desc.key_columns)).cast(pa.schema(desc.key_fields()))
+    order = pa.table({"k": pa.array(encode_user_keys(keys, list(desc.key_columns)), pa.binary()),
+                      "t": table.column(time_column)})
+    by = [("t", "ascending"), ("k", "ascending")] if time_first else [("k", "ascending"), ("t", "ascending")]
+    return table.take(pc.sort_indices(order, by))
+
+
+def _window_table_rows(table: pa.Table, desc: OperatorStateSchema) -> pa.Table:
+    schema = desc.output_schema()
+    table = _in_key_order(table, desc)
+    starts = table.column("window_start").cast(pa.int64())
+    cols: dict[str, Any] = {f.name: table.column(f.name).cast(f.type) for f in desc.key_fields()}
+    cols["window_start"] = starts
+    cols["window_end"] = pc.add(starts, desc.size_ms)
+    cols["count"] = table.column("count").cast(pa.int64())
+    if "sum" in desc.aggs:
+        cols["sum"] = table.column("sum").cast(desc.arrow_value_type)
+    cols["fired"] = table.column("fired")
+    return pa.table([cols[f.name] for f in schema], schema=schema)
+
+
+def _window_table_timers(table: pa.Table, desc: OperatorStateSchema, schema: pa.Schema) -> Iterator[pa.Table]:
+    """What the per-window layout's indexes held: a 'fire' timer at its end for each
+    window not fired yet, and with allowed lateness a 'cleanup' timer at end + lateness
+    for each window, each kind in time order (the indexes' key order)."""
+    starts = table.column("window_start").to_numpy()
+    fired = table.column("fired").to_numpy(zero_copy_only=False)
+    kinds = [("fire", ~fired, desc.size_ms)]
+    if desc.allowed_lateness_ms:
+        kinds.append(("cleanup", np.ones(len(starts), dtype=bool), desc.size_ms + desc.allowed_lateness_ms))
+    for name, which, after in kinds:
+        if not which.any():
+            continue
+        part = table.filter(pa.array(which))
+        part = _in_key_order(part.append_column("expiry_ms", pa.array(starts[which] + after)), desc, "expiry_ms",
+                             time_first=True)
+        expiry = part.column("expiry_ms")
+        yield pa.table([*(part.column(f.name).cast(f.type) for f in desc.key_fields()),
+                        pc.subtract(expiry, after), pa.array([name] * part.num_rows, pa.string()), expiry],
+                       schema=schema)
 
 
 # -- processors: value / list / map states per key -------------------------------------

@@ -73,13 +73,9 @@ def test_final_fires_every_pending_window(tmp_path: Path) -> None:
         [("a", 0, 1, 1.5), ("a", 5_000, 1, 2.0), ("b", 9_000, 1, 4.0)]
 
 
-@pytest.mark.parametrize("names", [list("abcd"), [-7, 0, 12, 1 << 40]], ids=["string-key", "integer-key"])
-@pytest.mark.parametrize("scan_fraction", [0.0, float("inf")], ids=["scans", "point-gets"])
-def test_results_equal_a_pandas_reference_over_many_epochs_and_subtasks(tmp_path: Path, names: list,
-                                                                       scan_fraction: float, monkeypatch) -> None:
-    """Integer-only keys are read back off the fire index's key bytes, others from its value;
-    stored windows are found by scanning key groups or by point gets."""
-    monkeypatch.setattr(TumblingWindow, "scan_fraction", scan_fraction)
+@pytest.mark.parametrize("names", [list("abcd"), [-7, 0, 12, 1 << 40], [-1.5, 0.0, 2.25]],
+                         ids=["string-key", "integer-key", "float-key"])
+def test_results_equal_a_pandas_reference_over_many_epochs_and_subtasks(tmp_path: Path, names: list) -> None:
     rng = np.random.default_rng(3)
     op = TumblingWindow("w", ["key", "shard"], "ts", size_ms=1_000, aggs=("count", "sum"), value_column="v",
                         value_type="bigint")
@@ -149,19 +145,21 @@ def state_writes(store: SubtaskStateStore) -> dict:
     return {k: v for k, v in store.pending_changes().items() if not k.startswith(META_PREFIX)}
 
 
-def test_a_window_without_lateness_is_deleted_by_its_firing_in_four_writes(tmp_path: Path) -> None:
-    """Without lateness a fired window can get no more rows: the fire step deletes it, and
-    no clean-up timer is written (W2's epochs were bound by state writes)."""
+def test_a_subtasks_windows_are_one_entry_per_key_group_and_a_group_without_windows_has_none(tmp_path: Path) -> None:
+    """No entry per window and no fire or clean-up index: an epoch writes one table per
+    key group it changed (W2's epochs were bound by per-window state writes)."""
     op = TumblingWindow("w", ["key"], "ts", size="10 s")
-    rows = events(("a", 1_000), ("b", 2_000), ("a", 3_000))
+    rows = events(*[(f"k{i}", 1_000 + i) for i in range(40)])
+    groups = set(rows.column("__kg").to_pylist())
+    assert 1 < len(groups) < 40
     op.resolve_input_schema(rows.schema)
     with SubtaskStateStore.open(str(tmp_path / "db")) as store:
         assert fired(op.apply(store, rows, ctx(0, 5_000))) == []
-        assert len(state_writes(store)) == 4  # per window: its totals and its fire timer
+        assert sorted(int.from_bytes(k[:2], "big") for k in state_writes(store)) == sorted(groups)
         store.commit_epoch(0, op.output_schema.empty_table())
-        assert fired(op.apply(store, events(), ctx(1, 10_000))) == [("a", 0, 10_000, 2), ("b", 0, 10_000, 1)]
+        assert len(fired(op.apply(store, events(), ctx(1, 10_000)))) == 40
         changes = state_writes(store)
-        assert len(changes) == 4 and all(v is None for v in changes.values())  # both deleted, timers too
+        assert len(changes) == len(groups) and all(v is None for v in changes.values())  # fired, so gone
         store.commit_epoch(1, op.output_schema.empty_table())
         assert [k for k, _ in store.scan_range(b"", b"\xff\xff")] == []
 
