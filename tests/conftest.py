@@ -13,6 +13,7 @@ from tests.servers.kafka_broker import KafkaBroker
 from tests.servers.names import unique_name
 from tests.servers.s3_server import S3Server
 from tests.servers.spark_cds import use_if_present
+from tests.time_report import TimeReport, report_path
 
 # Every Spark driver JVM of the run (in-process, and in the processes tests start) maps its
 # classes from the run's class-data archive when `make test` made one.
@@ -46,3 +47,22 @@ def s3_server() -> Iterator[S3Server]:
 def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
     """A new, empty bucket on the run's S3 server, named after the test."""
     return s3_server.create_bucket(unique_name(request.node.name))
+
+
+# -- where the run's time goes (tests/time_report.py) ------------------------------------
+_TIMES = TimeReport()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _TIMES.add(report.nodeid, report.duration)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not _TIMES.tests or len(_TIMES.tests) < 50:  # a single file or -k run: its own output says enough
+        return
+    for line in _TIMES.lines():
+        terminalreporter.write_line(line)
+    try:
+        _TIMES.write(report_path())
+    except OSError as e:  # a read-only checkout: the printed summary is what counts
+        terminalreporter.write_line(f"(test times not written: {e})")

@@ -21,6 +21,7 @@ from sparkpoint.api.topn import _ROWS_SCHEMA, TopN
 from sparkpoint.api.window import TumblingWindow
 from sparkpoint.api.windows import CumulateWindow, SessionWindow, SlidingWindow
 from sparkpoint.api.windows.base import WindowOperator
+from sparkpoint.api.windows.tumbling import TumblingWindow as EngineTumblingWindow
 from sparkpoint.errors import ConfigError
 from sparkpoint.state.codec import SchemaLike, parse_schema
 from sparkpoint.state.descriptor import OperatorStateSchema, StateVariable
@@ -55,7 +56,9 @@ class _RecordingHandle(StatefulProcessorHandle):
             parse_schema(map_key, f"map key of state {name!r}") if map_key is not None else None))
 
 
-_WINDOW_KINDS = {SlidingWindow: "sliding", SessionWindow: "session", CumulateWindow: "cumulate"}
+# A tumbling window on the shared engine keeps a sliding window's state (slide = size).
+_WINDOW_KINDS = {SlidingWindow: "sliding", EngineTumblingWindow: "sliding", SessionWindow: "session",
+                 CumulateWindow: "cumulate"}
 _JOIN_KINDS = {IntervalJoin: "interval", WindowJoin: "window", StreamJoin: "stream"}
 
 

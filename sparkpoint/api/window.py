@@ -36,6 +36,7 @@ passes the resulting watermark in `EpochContext.watermark_ms`. With no watermark
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Sequence
 
 import numpy as np
@@ -65,12 +66,26 @@ _DROPPED = StoredCounter("dropped")
 _FIRED, _UPDATED = tables.FIRED, "__updated"  # _UPDATED: the window got rows this epoch
 
 
+_TABLE_AGGS = (("count",), ("count", "sum"))
+
+
 class TumblingWindow(StatefulOperator):
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # Any Spark SQL aggregate, or an explicit output mode: the shared window engine
+        # (api/windows/tumbling.py). Unpickling calls __new__ without arguments.
+        if cls is TumblingWindow and (args or kwargs):
+            bound = _SIGNATURE.bind(None, *args, **kwargs).arguments
+            if bound.get("output_mode") is not None or tuple(bound.get("aggs", ("count",))) not in _TABLE_AGGS:
+                from sparkpoint.api.windows.tumbling import TumblingWindow as EngineTumblingWindow
+
+                return EngineTumblingWindow(*args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, name: str, key_columns: Sequence[str], time_column: str,
                  size_ms: int | str | None = None, allowed_lateness_ms: int | str = 0,
                  aggs: Sequence[str] = ("count",), value_column: str | None = None, *,
                  size: int | str | None = None, allowed_lateness: int | str | None = None,
-                 value_type: str | pa.DataType = "double", key_schema: Any = None):
+                 value_type: str | pa.DataType = "double", key_schema: Any = None, output_mode: str | None = None):
         if (size_ms is None) == (size is None):
             raise ConfigError(f"TumblingWindow {name!r}: give the window size once, as size_ms=60000 "
                               "or size='60 s'")
@@ -80,10 +95,6 @@ class TumblingWindow(StatefulOperator):
         if self.size_ms <= 0 or self.allowed_lateness_ms < 0:
             raise ConfigError(f"TumblingWindow {name!r}: size must be > 0 and allowed lateness >= 0 "
                               f"(got {self.size_ms} ms, {self.allowed_lateness_ms} ms)")
-        if tuple(aggs) not in (("count",), ("count", "sum")):
-            raise ConfigError(f"TumblingWindow {name!r}: aggs must be ('count',) or ('count', 'sum'), "
-                              f"got {tuple(aggs)}; for other aggregates (any Spark SQL aggregate) use "
-                              "SlidingWindow with slide equal to size")
         if "sum" in aggs and value_column is None:
             raise ConfigError(f"TumblingWindow {name!r}: aggs include 'sum' but value_column is not set")
         clash = [c for c in key_columns if c in (WINDOW_START, WINDOW_END, "count", "sum")]
@@ -290,6 +301,11 @@ class TumblingWindow(StatefulOperator):
         metadata records the layout, so this scan runs once per store."""
         if store.get_meta(tables.LAYOUT_META) == tables.LAYOUT:
             return {}
+        if store.get_meta(tables.ENGINE_META) is not None:
+            raise ConfigError(f"TumblingWindow {self.name!r}: its state was written by a TumblingWindow with Spark "
+                              "SQL aggregates or an output_mode, which keeps its state another way; counting (and "
+                              "summing) without an output_mode, it would start from empty windows. Keep the step as "
+                              "it was, or give it a new name to start its state from empty")
         store.put_meta(tables.LAYOUT_META, tables.LAYOUT)
         old, records, values = [], [], []
         for key, value in store.scan_range(groups.start.to_bytes(2, "big"), groups.stop.to_bytes(2, "big")):
@@ -317,6 +333,9 @@ class TumblingWindow(StatefulOperator):
              pa.array(totals["count"], pa.int64()), pa.array(totals["sum"]).cast(self._sum_type),
              pa.array(totals["fired"] == 1)], schema=self._table_schema)
         return {int(g): table.filter(pa.array(groups_of == g)) for g in np.unique(groups_of)}
+
+
+_SIGNATURE = inspect.signature(TumblingWindow.__init__)
 
 
 def _per_window_codec(name: str, value_type: pa.DataType) -> FixedWidthCodec:

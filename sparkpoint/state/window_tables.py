@@ -26,6 +26,10 @@ TABLE_NS = "win-table"
 OLD_RECORD_NS, OLD_FIRE_NS, OLD_CLEANUP_NS = "win", "win-fire", "win-cleanup"
 LAYOUT_META = "window-layout"
 LAYOUT = b"tables/1"
+# A TumblingWindow with Spark SQL aggregates or an output mode keeps a sliding window's
+# state instead (api/windows/tumbling.py); each kind refuses a store the other wrote.
+ENGINE_META = "window-engine"
+ENGINE = b"tumbling-on-engine/1"
 WINDOW_START, COUNT, SUM, FIRED = "window_start", "count", "sum", "fired"
 _MARK = {b"sparkpoint.layout": b"tumbling-window-table/1"}
 _OPTIONS = pa.ipc.IpcWriteOptions()  # given, so a writer does not look up its defaults in the environment

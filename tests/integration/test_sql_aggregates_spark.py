@@ -77,11 +77,13 @@ def test_keyed_aggregates_merged_across_spark_pre_aggregated_epochs_equal_spark_
 WINDOW_AGGS = [a for a in AGGS if not a.startswith("first(")]  # first(): Spark's choice of row
 
 
-@pytest.mark.parametrize("kind", ["sliding", "session"])
+@pytest.mark.parametrize("kind", ["tumbling", "sliding", "session"])
 def test_window_aggregates_merged_across_spark_pre_aggregated_epochs_equal_spark_batch_windows(spark, kind) -> None:
-    from sparkpoint import SessionWindow, SlidingWindow
+    from sparkpoint import SessionWindow, SlidingWindow, TumblingWindow
 
     make, window = {
+        "tumbling": (lambda: TumblingWindow("tumble", ["k"], "ts", size="10 s", aggs=WINDOW_AGGS),
+                     lambda t: F.window(t, "10 seconds")),
         "sliding": (lambda: SlidingWindow("hop", ["k"], "ts", size="10 s", slide="4 s", aggs=WINDOW_AGGS),
                     lambda t: F.window(t, "10 seconds", "4 seconds")),
         "session": (lambda: SessionWindow("sessions", ["k"], "ts", gap="3 s", aggs=WINDOW_AGGS),

@@ -12,7 +12,7 @@ import pytest
 from windows_support import (cumulate_windows_of, fixed_reference, random_epochs, run_in_tester, session_reference,
                              sliding_windows_of, stored_entries)
 
-from sparkpoint import CumulateWindow, SessionWindow, SlidingWindow
+from sparkpoint import CumulateWindow, SessionWindow, SlidingWindow, TumblingWindow
 from sparkpoint.errors import ConfigError
 from sparkpoint.testing import ProcessorTester
 
@@ -62,6 +62,41 @@ def test_sliding_windows_with_sql_aggregates_equal_the_reference_and_survive_a_r
     assert restored[:2] == (out, dropped)
 
 
+@pytest.mark.parametrize("lateness", [0, 3_000], ids=["no-lateness", "lateness"])
+@pytest.mark.parametrize("mode", ["final", "update"])
+def test_tumbling_windows_with_sql_aggregates_equal_the_reference_and_survive_a_restore(mode: str,
+                                                                                          lateness: int) -> None:
+    epochs = with_strings(random_epochs(seed=41 + lateness))
+
+    def step():
+        return TumblingWindow("tumble", ["k"], "ts", size="5 s", aggs=AGGS, allowed_lateness=lateness,
+                              output_mode=mode)
+    expected, expected_dropped = fixed_reference(epochs, sliding_windows_of(5_000, 5_000), DELAY, lateness, mode,
+                                                 ("v", "s", "cheap"), summarize)
+    out, dropped, _ = run_in_tester(step, epochs, DELAY, columns=COLUMNS)
+    assert out == expected and dropped == expected_dropped
+    assert expected_dropped > 0 and sum(map(len, expected)) > 15
+    restored = run_in_tester(step, epochs, DELAY, snapshot_after=3, columns=COLUMNS)
+    assert restored[:2] == (out, dropped)
+
+
+def test_a_tumbling_window_keeps_its_table_state_for_count_and_sum_and_takes_the_engine_for_the_rest():
+    from sparkpoint.api.window import TumblingWindow as TableTumblingWindow
+
+    assert type(TumblingWindow("t", ["k"], "ts", size="1 min")) is TableTumblingWindow
+    assert type(TumblingWindow("t", ["k"], "ts", size="1 min", aggs=("count", "sum"), value_column="v")) \
+        is TableTumblingWindow
+    for engine in (TumblingWindow("t", ["k"], "ts", size="1 min", aggs=["count(*) AS n"]),
+                   TumblingWindow("t", ["k"], "ts", size="1 min", output_mode="update"),
+                   TumblingWindow("t", ["k"], "ts", size="1 min", output_mode="final"),
+                   TumblingWindow("t", ["k"], "ts", size_ms=60_000, aggs=("count", "max"), value_column="v")):
+        assert isinstance(engine, SlidingWindow) and engine.size_ms == engine.slide_ms == 60_000
+    with pytest.raises(ConfigError, match="TumblingWindow 't': aggregate 'sum\\(DISTINCT v\\) AS x' uses sum"):
+        TumblingWindow("t", ["k"], "ts", size="1 min", aggs=["sum(DISTINCT v) AS x"])
+    with pytest.raises(ConfigError, match="TumblingWindow 't': output_mode must be one of"):
+        TumblingWindow("t", ["k"], "ts", size="1 min", output_mode="append")
+
+
 @pytest.mark.parametrize("mode", ["final", "update"])
 def test_cumulate_windows_with_sql_aggregates_equal_the_reference(mode: str) -> None:
     epochs = with_strings(random_epochs(seed=5))
@@ -106,3 +141,22 @@ def test_one_column_aggregates_and_sql_aggregates_do_not_mix() -> None:
     with pytest.raises(ConfigError, match="or be Spark SQL aggregates"):
         SlidingWindow("hop", ["k"], "ts", size="10 s", slide="5 s", aggs=["count", "sum(v) AS total"],
                       value_column="v")
+
+
+@pytest.mark.parametrize("before, after", [
+    ({}, {"aggs": ["count(*) AS n"]}),
+    ({}, {"output_mode": "final"}),
+    ({"output_mode": "update"}, {}),
+], ids=["table-then-sql", "table-then-mode", "engine-then-table"])
+def test_switching_a_tumbling_window_between_its_two_states_is_refused_not_emptied(before, after) -> None:
+    import pandas as pd
+
+    rows = pd.DataFrame({"k": ["a", "b", "a"], "ts": [1_000, 2_000, 3_000]})
+    first = ProcessorTester(TumblingWindow("tumble", ["k"], "ts", size="10 s", **before), watermark=("ts", 0))
+    first.process(rows)
+    assert len(first.state()) > 0
+    restored = ProcessorTester.from_snapshot(TumblingWindow("tumble", ["k"], "ts", size="10 s", **after),
+                                             first.snapshot(), watermark=("ts", 0))
+    with pytest.raises(ConfigError, match="TumblingWindow 'tumble': its state was written by a TumblingWindow .*"
+                                          "give it a new name to start its state from empty"):
+        restored.process(rows)
