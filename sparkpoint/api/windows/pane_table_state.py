@@ -78,9 +78,7 @@ class PaneTables:
         wm = None if ctx.final else w
         groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
         wanted = sorted(touched | (set(groups) if ctx.final or wm is not None else set()))
-        held, fired_through, stored = self._held(store, wanted, touched, wm, ctx.final)
-        changing = {g for g in stored if g in touched or ctx.final} | {int(t.column(KEY_GROUP_COL)[0].as_py())
-                                                                        for t in held}
+        held, changing, fired_through, stored = self._held(store, wanted, touched, wm, ctx.final)
         if new is not None:
             lut = np.full(max(wanted) + 1, tables.NEVER, dtype=np.int64)
             for g, f in fired_through.items():
@@ -114,11 +112,12 @@ class PaneTables:
         return self._working(table.cast(self._with_group(self.schema)), True)
 
     def _held(self, store, wanted: list[int], touched: set[int], wm: int | None,
-              final: bool) -> tuple[list[pa.Table], dict[int, int], set[int]]:
-        """The stored panes of the groups that change (with their group, flags), each
-        wanted group's fired_through, and the wanted groups that have a table."""
+              final: bool) -> tuple[list[pa.Table], set[int], dict[int, int], set[int]]:
+        """The stored panes of the groups that change (with their group, flags), those
+        groups, each wanted group's fired_through, and the wanted groups that have a table."""
         raws = store.get_many([group_prefix(g, _NS) for g in wanted])
         held: list[pa.Table] = []
+        changing: set[int] = set()
         fired_through: dict[int, int] = {}
         stored: set[int] = set()
         for g, raw in zip(wanted, raws):
@@ -127,14 +126,15 @@ class PaneTables:
             stored.add(g)
             table, f = tables.decode(raw, f"SlidingWindow {self.op.name!r}, key group {g}")
             fired_through[g] = f
-            if not table.num_rows or (g not in touched and not final and not self._due(table, f, wm)):
+            if g not in touched and not final and not self._due(table, f, wm):
                 continue
+            changing.add(g)
             n = table.num_rows
             table = table.select(self.schema.names).replace_schema_metadata(None).cast(self.schema)
             table = table.add_column(len(self.op.key_columns), KEY_GROUP_COL, pa.array(np.full(n, g, np.int32)))
             held.append(self._working(table, False).append_column(_FIRED_THROUGH,
                                                                    pa.array(np.full(n, f, np.int64))))
-        return held, fired_through, stored
+        return held, changing, fired_through, stored
 
     def _due(self, table: pa.Table, fired_through: int, wm: int | None) -> bool:
         """A pane to drop, or a window with data that fires or closes at or before `wm`
@@ -143,6 +143,8 @@ class PaneTables:
         if wm is None:
             return False
         panes = table.column(tables.PANE_START).to_numpy()
+        if not len(panes):
+            return True  # never written so: deleted
         last = panes // self.slide
         if (last * self.slide + self.size + self.lateness <= wm).any():
             return True
