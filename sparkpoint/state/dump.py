@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkpoint.state import ttl, window_tables
+from sparkpoint.state import pane_tables, ttl, window_tables
 from sparkpoint.state.codec import FixedWidthCodec, RowCodec
 from sparkpoint.errors import StateSchemaError
 from sparkpoint.state.descriptor import SIDES, OperatorStateSchema, StateVariable
@@ -293,7 +293,11 @@ def _read_pane_windows(entries: Entries, desc: OperatorStateSchema, batch_rows: 
     keys: list[tuple] = []
     values: list[bytes] = []
     for key, value in entries:
-        if split_namespace(key)[1] != desc.namespace:
+        g, ns, _ = split_namespace(key)
+        if ns == pane_tables.PANE_NS and desc.window_kind == "sliding":
+            yield _pane_table_windows(*pane_tables.decode(value, _where(desc, g)), desc)
+            continue
+        if ns != desc.namespace:
             continue
         keys.append(split_key(key, types).values)
         values.append(value)
@@ -304,6 +308,23 @@ def _read_pane_windows(entries: Entries, desc: OperatorStateSchema, batch_rows: 
         yield _pane_table(desc, schema, codec, keys, values)
 
 
+def _pane_table_windows(table: pa.Table, fired_through: int, desc: OperatorStateSchema) -> pa.Table:
+    """A sliding window's group table (pane_tables.py) as the windows it holds. `late` is
+    not kept in that layout (it is decided as each window is emitted): False."""
+    held = _in_key_order(pane_tables.windows_held(table, fired_through), desc, "window_end")
+    n = held.num_rows
+    rec = {c: held.column(c).to_numpy() for c in ("count", "nvalues", "sum", "min", "max") if c in held.column_names}
+    rec.setdefault("nvalues", np.zeros(n, np.int64))
+    cols = {k: held.column(k).cast(f.type) for k, f in zip(desc.key_columns, desc.key_fields())}
+    cols["window_start"] = held.column("window_start")
+    cols["window_end"] = held.column("window_end")
+    cols.update(_pane_aggs(desc, rec))
+    cols["fired"] = held.column("fired")
+    cols["late"] = pa.array(np.zeros(n, dtype=bool))
+    schema = desc.output_schema()
+    return pa.table([cols[f.name] for f in schema], schema=schema)
+
+
 def _pane_table(desc: OperatorStateSchema, schema: pa.Schema, codec: FixedWidthCodec, keys: list[tuple],
                 values: list[bytes]) -> pa.Table:
     rec = codec.decode_many(values)
@@ -311,6 +332,15 @@ def _pane_table(desc: OperatorStateSchema, schema: pa.Schema, codec: FixedWidthC
     cols: dict[str, pa.Array] = dict(zip(desc.key_columns, key_columns_from_plain(keys, desc.key_fields())))
     cols["window_start"] = pa.array(rec["start"], pa.int64())
     cols["window_end"] = pa.array(rec["end"], pa.int64())
+    cols.update(_pane_aggs(desc, rec))
+    cols["fired"] = pa.array(rec["fired"] != 0)
+    cols["late"] = pa.array(rec["late"] != 0)
+    return pa.table([cols[f.name] for f in schema], schema=schema)
+
+
+def _pane_aggs(desc: OperatorStateSchema, rec: Any) -> dict[str, pa.Array]:
+    no_values = rec["nvalues"] == 0  # SQL semantics: sum/min/max/avg of only nulls is null
+    cols = {}
     for a in desc.aggs:
         if a == "count":
             cols[a] = pa.array(rec["count"], pa.int64())
@@ -319,9 +349,7 @@ def _pane_table(desc: OperatorStateSchema, schema: pa.Schema, codec: FixedWidthC
                 cols[a] = pa.array(rec["sum"].astype(np.float64) / rec["nvalues"], pa.float64(), mask=no_values)
         else:
             cols[a] = pa.array(rec[a], type=desc.arrow_value_type, mask=no_values)
-    cols["fired"] = pa.array(rec["fired"] != 0)
-    cols["late"] = pa.array(rec["late"] != 0)
-    return pa.table([cols[f.name] for f in schema], schema=schema)
+    return cols
 
 
 def _read_pane_window_timers(entries: Entries, desc: OperatorStateSchema, schema: pa.Schema,
@@ -339,7 +367,9 @@ def _read_pane_window_timers(entries: Entries, desc: OperatorStateSchema, schema
         g, ns, at = split_namespace(key)
         if g != group:
             held, group = {}, g
-        if ns == desc.namespace:
+        if ns == pane_tables.PANE_NS and desc.window_kind == "sliding":
+            rows.extend(_pane_table_timers(*pane_tables.decode(value, _where(desc, g)), desc))
+        elif ns == desc.namespace:
             rec = codec.decode_many([value])[0]
             held[key[at:]] = (int(rec["start"]), int(rec["end"]), bool(rec["fired"]))
         elif ns == due_ns:
@@ -358,6 +388,19 @@ def _read_pane_window_timers(entries: Entries, desc: OperatorStateSchema, schema
                 rows = []
     if rows:
         yield _pane_timer_table(rows, desc, schema)
+
+
+def _pane_table_timers(table: pa.Table, fired_through: int,
+                       desc: OperatorStateSchema) -> list[tuple[tuple, int, int, str, int]]:
+    """A sliding window's group table's windows, each with the due entry the per-window
+    layout would hold for it."""
+    lateness = pane_tables.shape(table)[2]
+    held = _in_key_order(pane_tables.windows_held(table, fired_through), desc, "window_end")
+    keys = zip(*[held.column(k).to_pylist() for k in desc.key_columns])
+    return [(tuple(k), s, e, "cleanup" if fired or desc.output_mode != "final" else "fire",
+             e + lateness if fired or desc.output_mode != "final" else e)
+            for k, s, e, fired in zip(keys, held.column("window_start").to_pylist(),
+                                      held.column("window_end").to_pylist(), held.column("fired").to_pylist())]
 
 
 def _pane_timer_table(rows: list[tuple[tuple, int, int, str, int]], desc: OperatorStateSchema,

@@ -3,7 +3,10 @@
 
 Windows are [k*slide, k*slide + size) for every integer k; a row at t is in each one
 with start <= t < end (size/slide of them when slide divides size). State, output
-modes and lateness: see base.py; panes and why state is per window: see panes.py.
+modes and lateness: see base.py; panes: see panes.py. With the one-column aggregates
+(count, sum, min, max, avg) the state is one table of panes per key group
+(pane_table_state.py); with Spark SQL aggregates, and in a store that held per-window
+state before that layout, it is per window (state.py).
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ import numpy as np
 import pyarrow as pa
 
 from sparkpoint.api.durations import duration_ms
+from sparkpoint.api.windows.pane_table_state import PaneTables
 from sparkpoint.api.windows.panes import PaneWindow
 from sparkpoint.errors import ConfigError
+from sparkpoint.state.interfaces import EpochContext
+from sparkpoint.state.keys import key_group_range
 
 
 class SlidingWindow(PaneWindow):
@@ -44,6 +50,14 @@ class SlidingWindow(PaneWindow):
         super().__init__(name, key_columns, time_column, aggs=aggs, value_column=value_column,
                          value_type=value_type, allowed_lateness=allowed_lateness, output_mode=output_mode,
                          key_schema=key_schema)
+
+    def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
+        if self.aggregates.sql is None:
+            self.keys.ensure(store, rows)
+            groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
+            if PaneTables.uses_tables(self, store, groups):
+                return PaneTables(self).apply(store, rows, ctx)
+        return super().apply(store, rows, ctx)
 
     def assign(self, panes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         size, slide, pane = self.size_ms, self.slide_ms, self.pane_ms
