@@ -77,7 +77,7 @@ from sparkpoint.connectors.parquet_sink import ParquetSink, read_committed
 
 from tests.sessionize import Sessionize
 from tests.unit.testing.test_readme_backfill import reference_sessions
-from w2_spark_ss import PROVIDERS, TRIGGER, _dir_bytes, _end_s, _parquet_rows, _progress
+from w2_spark_ss import PROVIDERS, TRIGGER, _dir_bytes, _end_s, _parquet_rows, _progress, await_rows
 from w2_window import MeasuredJobMaster
 from w2_workload import DELAY_MS, W2, PeakRss, ensure_parquet_events, spark_session, tree_cpu_s, workload_arguments
 
@@ -201,13 +201,7 @@ def run_spark_tws(spark, w2: W2, files: str, expected: list[tuple], work: str, r
          .foreachBatch(write_batch).start())
     try:
         # Only real sessions close: the sentinel's stays open, so the count is exact.
-        while sum(r for _, _, r in emitted) < len(expected):
-            if q.exception() is not None:
-                raise RuntimeError(f"the Spark query failed: {q.exception()}")
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"Spark TWS emitted {sum(r for _, _, r in emitted)} of {len(expected)} "
-                                   f"sessions in {timeout_s} s")
-            time.sleep(0.2)
+        await_rows(q, emitted, len(expected), started, timeout_s, "Spark TWS", "sessions")
         wall, cpu = time.monotonic() - started, tree_cpu_s() - cpu0
         time.sleep(0.5)  # let the progress of the last batch be posted
         progress = _progress(q)

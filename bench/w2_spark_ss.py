@@ -47,6 +47,17 @@ PROVIDERS = {
 TRIGGER = "100 milliseconds"
 
 
+def await_rows(q, emitted: list, want: int, started: float, timeout_s: float, who: str, what: str) -> None:
+    """Until the query's batches (`emitted`: (batch, ..., rows) each) hold `want` rows;
+    raises if the query failed or `timeout_s` passed since `started`."""
+    while sum(r for _, _, r in emitted) < want:
+        if q.exception() is not None:
+            raise RuntimeError(f"the Spark query failed: {q.exception()}")
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"{who} emitted {sum(r for _, _, r in emitted)} of {want} {what} in {timeout_s} s")
+        time.sleep(0.2)
+
+
 def _progress(q) -> list[dict[str, Any]]:
     return [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in q.recentProgress]
 
@@ -96,13 +107,8 @@ def run_once(spark, w2: W2, files: str, store: str, work: str, run: int, rss: Pe
          .option("checkpointLocation", os.path.join(root, "checkpoint"))
          .foreachBatch(write_batch).start())
     try:
-        while sum(r for _, _, r in emitted) < expected["output_rows"]:
-            if q.exception() is not None:
-                raise RuntimeError(f"the Spark query failed: {q.exception()}")
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"Spark SS {windowing.workload} ({store}) emitted {sum(r for _, _, r in emitted)} of "
-                                   f"{expected['output_rows']} rows in {timeout_s} s")
-            time.sleep(0.2)
+        await_rows(q, emitted, expected["output_rows"], started, timeout_s,
+                   f"Spark SS {windowing.workload} ({store})", "rows")
         wall, cpu = time.monotonic() - started, tree_cpu_s() - cpu0
         time.sleep(0.5)  # let the progress of the last batch be posted
         progress = _progress(q)
