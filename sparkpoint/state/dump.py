@@ -294,7 +294,7 @@ def _read_pane_windows(entries: Entries, desc: OperatorStateSchema, batch_rows: 
     values: list[bytes] = []
     for key, value in entries:
         g, ns, _ = split_namespace(key)
-        if ns == pane_tables.PANE_NS and desc.window_kind == "sliding":
+        if pane_tables.holds_panes(ns, desc.window_kind):
             yield _pane_table_windows(*pane_tables.decode(value, _where(desc, g)), desc)
             continue
         if ns != desc.namespace:
@@ -309,8 +309,9 @@ def _read_pane_windows(entries: Entries, desc: OperatorStateSchema, batch_rows: 
 
 
 def _pane_table_windows(table: pa.Table, fired_through: int, desc: OperatorStateSchema) -> pa.Table:
-    """A sliding window's group table (pane_tables.py) as the windows it holds. `late` is
-    not kept in that layout (it is decided as each window is emitted): False."""
+    """A sliding or cumulate window's group table (pane_tables.py) as the windows it
+    holds. `late` is not kept in that layout (it is decided as each window is emitted):
+    False."""
     held = _in_key_order(pane_tables.windows_held(table, fired_through), desc, "window_end")
     n = held.num_rows
     rec = {c: held.column(c).to_numpy() for c in ("count", "nvalues", "sum", "min", "max") if c in held.column_names}
@@ -367,7 +368,7 @@ def _read_pane_window_timers(entries: Entries, desc: OperatorStateSchema, schema
         g, ns, at = split_namespace(key)
         if g != group:
             held, group = {}, g
-        if ns == pane_tables.PANE_NS and desc.window_kind == "sliding":
+        if pane_tables.holds_panes(ns, desc.window_kind):
             rows.extend(_pane_table_timers(*pane_tables.decode(value, _where(desc, g)), desc))
         elif ns == desc.namespace:
             rec = codec.decode_many([value])[0]
@@ -392,8 +393,8 @@ def _read_pane_window_timers(entries: Entries, desc: OperatorStateSchema, schema
 
 def _pane_table_timers(table: pa.Table, fired_through: int,
                        desc: OperatorStateSchema) -> list[tuple[tuple, int, int, str, int]]:
-    """A sliding window's group table's windows, each with the due entry the per-window
-    layout would hold for it."""
+    """A sliding or cumulate window's group table's windows, each with the due entry the
+    per-window layout would hold for it."""
     lateness = pane_tables.shape(table)[2]
     held = _in_key_order(pane_tables.windows_held(table, fired_through), desc, "window_end")
     keys = zip(*[held.column(k).to_pylist() for k in desc.key_columns])

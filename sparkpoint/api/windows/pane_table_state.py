@@ -1,6 +1,13 @@
-"""A `SlidingWindow` with one-column aggregates (count, sum, min, max, avg) kept as
-one Arrow table of panes per key group (sparkpoint/state/pane_tables.py), the way
-`TumblingWindow` keeps its windows (window.py): no per-window records, no due index.
+"""A `SlidingWindow` or `CumulateWindow` with one-column aggregates (count, sum, min,
+max, avg) kept as one Arrow table of panes per key group
+(sparkpoint/state/pane_tables.py), the way `TumblingWindow` keeps its windows
+(window.py): no per-window records, no due index.
+
+The window shape comes from the operator: `assign` (the windows each pane lies in),
+`last_window_end` (when a pane can go) and `window_ends_in` (whether a group has a
+window due), each a few numpy operations per pane without expanding the panes to their
+windows, and `window_starts` (a window's start from its end: the end names a key's
+window in both kinds, as a cumulate period's windows share their start).
 
 Per epoch with watermark W (`ctx.watermark_ms`) the outcome is the per-window engine's
 (base.py), epoch by epoch:
@@ -38,8 +45,7 @@ from sparkpoint.state import pane_tables as tables
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext
 from sparkpoint.state.keys import group_prefix, key_group_range, namespace
 
-_NS = namespace(tables.PANE_NS)
-_NEW, _FIRED_THROUGH, _START = "__new", "__fired_through", "__start"
+_NEW, _FIRED_THROUGH, _END = "__new", "__fired_through", "__end"
 _PARTIAL_OF = {tables.COUNT: P_COUNT, tables.NVALUES: P_NVALUES, tables.SUM: P_SUM, tables.MIN: P_MIN,
                tables.MAX: P_MAX}
 _COMBINE = {tables.COUNT: "sum", tables.NVALUES: "sum", tables.SUM: "sum", tables.MIN: "min", tables.MAX: "max"}
@@ -48,23 +54,24 @@ _COMBINE = {tables.COUNT: "sum", tables.NVALUES: "sum", tables.SUM: "sum", table
 class PaneTables:
     def __init__(self, op):
         self.op = op
-        self.size, self.slide, self.pane = op.size_ms, op.slide_ms, op.pane_ms
         self.lateness = op.allowed_lateness_ms
+        self.ns = namespace(op.pane_table_kind.namespace)
         aggregated = op.aggregates.value_column is not None
         kind = pa.float64() if op.aggregates.kind == "f8" else pa.int64()
         self.schema = tables.table_schema(op.keys.fields(), kind if aggregated else None)
         self.totals = [n for n in self.schema.names if n in _COMBINE]
-        self.shape = tables.shape_metadata(self.size, self.slide, self.lateness, op.output_mode)
+        self.shape = op.pane_table_shape()
 
     @staticmethod
     def uses_tables(op, store, groups: range) -> bool:
         """True once per store for the pane-table layout; a store that already holds the
         per-window layout's records keeps that layout (recorded, so it never mixes)."""
-        layout = store.get_meta(tables.LAYOUT_META)
+        meta = op.pane_table_kind.layout_meta
+        layout = store.get_meta(meta)
         if layout is None:
             ns = namespace(op.state_namespace)
             layout = tables.WINDOWS if any(store.has_prefix(group_prefix(g, ns)) for g in groups) else tables.PANES
-            store.put_meta(tables.LAYOUT_META, layout)
+            store.put_meta(meta, layout)
         return layout == tables.PANES
 
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
@@ -101,7 +108,7 @@ class PaneTables:
         op = self.op
         panes = op._pane_partials(rows)
         if w is not None and panes.num_rows:
-            gone = self._last_end(panes.column(P_PANE).to_numpy()) + self.lateness <= w
+            gone = op.last_window_end(panes.column(P_PANE).to_numpy()) + self.lateness <= w
             if gone.any():
                 op.windows.count_dropped(store, int(panes.column(P_COUNT).to_numpy()[gone].sum()))
                 panes = panes.filter(pa.array(~gone))
@@ -115,7 +122,7 @@ class PaneTables:
               final: bool) -> tuple[list[pa.Table], set[int], dict[int, int], set[int]]:
         """The stored panes of the groups that change (with their group, flags), those
         groups, each wanted group's fired_through, and the wanted groups that have a table."""
-        raws = store.get_many([group_prefix(g, _NS) for g in wanted])
+        raws = store.get_many([group_prefix(g, self.ns) for g in wanted])
         held: list[pa.Table] = []
         changing: set[int] = set()
         fired_through: dict[int, int] = {}
@@ -124,7 +131,7 @@ class PaneTables:
             if raw is None:
                 continue
             stored.add(g)
-            table, f = tables.decode(raw, f"SlidingWindow {self.op.name!r}, key group {g}")
+            table, f = tables.decode(raw, f"{type(self.op).__name__} {self.op.name!r}, key group {g}")
             fired_through[g] = f
             if g not in touched and not final and not self._due(table, f, wm):
                 continue
@@ -145,16 +152,9 @@ class PaneTables:
         panes = table.column(tables.PANE_START).to_numpy()
         if not len(panes):
             return True  # never written so: deleted
-        last = panes // self.slide
-        if (last * self.slide + self.size + self.lateness <= wm).any():
+        if (self.op.last_window_end(panes) + self.lateness <= wm).any():
             return True
-        first = -((self.size - self.pane - panes) // self.slide)
-        return any(self._crosses(first, last, fired_through - after, wm - after) for after in (0, self.lateness))
-
-    def _crosses(self, first: np.ndarray, last: np.ndarray, since: int, until: int) -> bool:
-        """Whether any window k*slide in [first, last] (per pane) ends in (since, until]."""
-        k = np.maximum(first, max((since - self.size) // self.slide + 1, int(first.min())))
-        return bool(((k <= last) & (k * self.slide + self.size <= until)).any())
+        return self.op.window_ends_in(panes, [(fired_through - after, wm - after) for after in (0, self.lateness)])
 
     # -- firing -------------------------------------------------------------------------
     def _emitted(self, work: pa.Table, touched: set[int], w: int | None, wm: int | None, final: bool) -> pa.Table:
@@ -162,7 +162,7 @@ class PaneTables:
         final_mode = op.output_mode == FINAL
         if final_mode and wm is None and not final:
             return op.output_schema.empty_table()  # nothing fires before a watermark
-        which, starts, ends = op.assign(work.column(tables.PANE_START).to_numpy())
+        which, _, ends = op.assign(work.column(tables.PANE_START).to_numpy())
         is_new = work.column(_NEW).to_numpy(zero_copy_only=False)[which]
         fired_through = work.column(_FIRED_THROUGH).to_numpy()[which]
         keep = np.ones(len(which), dtype=bool)
@@ -179,15 +179,14 @@ class PaneTables:
         at = np.flatnonzero(keep)
         if not len(at):
             return op.output_schema.empty_table()
-        by = [*op.key_columns, KEY_GROUP_COL, _START]
+        by = [*op.key_columns, KEY_GROUP_COL, _END]
         pairs = work.select([*op.key_columns, KEY_GROUP_COL, *self.totals, _NEW, _FIRED_THROUGH]) \
-            .take(pa.array(which[at])).append_column(_START, pa.array(starts[at]))
+            .take(pa.array(which[at])).append_column(_END, pa.array(ends[at]))
         windows = pairs.group_by(by, use_threads=False).aggregate(
             [*[(n, _COMBINE[n]) for n in self.totals], (_NEW, "any"), (_FIRED_THROUGH, "max")])
         windows = windows.rename_columns({**{f"{n}_{_COMBINE[n]}": n for n in self.totals}, f"{_NEW}_any": _NEW,
                                           f"{_FIRED_THROUGH}_max": _FIRED_THROUGH})
-        win_start = windows.column(_START).to_numpy()
-        win_end = win_start + self.size
+        win_end = windows.column(_END).to_numpy()
         got_new = windows.column(_NEW).to_numpy(zero_copy_only=False)
         if final_mode:
             emit = (win_end > windows.column(_FIRED_THROUGH).to_numpy()) | got_new
@@ -199,12 +198,13 @@ class PaneTables:
     def _rows(self, windows: pa.Table, late: np.ndarray) -> pa.Table:
         op = self.op
         n = windows.num_rows
-        starts = windows.column(_START).to_numpy()
+        ends = windows.column(_END).to_numpy()
+        starts = op.window_starts(ends)
         records = {n_: windows.column(n_).to_numpy() for n_ in self.totals}
         records.setdefault(tables.NVALUES, np.zeros(n, np.int64))
         keys = op.keys.cast_keys(windows.select(op.key_columns))
         columns = [*keys.columns, event_time.arrow_from_ms(starts, op.time_kind),
-                   event_time.arrow_from_ms(starts + self.size, op.time_kind),
+                   event_time.arrow_from_ms(ends, op.time_kind),
                    *op.aggregates.output_columns(records), pa.array(late, pa.bool_())]
         return pa.Table.from_arrays(columns, schema=op.output_schema)
 
@@ -213,10 +213,10 @@ class PaneTables:
                     stored: set[int], fired_through: dict[int, int]) -> None:
         """One entry per changed group: its panes still needed, or none."""
         if final:
-            store.delete_many([group_prefix(g, _NS) for g in changed if g in stored])
+            store.delete_many([group_prefix(g, self.ns) for g in changed if g in stored])
             return
         if wm is not None:
-            kept = self._last_end(work.column(tables.PANE_START).to_numpy()) + self.lateness > wm
+            kept = self.op.last_window_end(work.column(tables.PANE_START).to_numpy()) + self.lateness > wm
             work = work.filter(pa.array(kept))
         if merge:
             by = [*self.op.key_columns, KEY_GROUP_COL, tables.PANE_START]
@@ -229,19 +229,15 @@ class PaneTables:
         for g in changed:
             lo, hi = np.searchsorted(groups, g, "left"), np.searchsorted(groups, g, "right")
             if hi > lo:
-                keys.append(group_prefix(g, _NS))
+                keys.append(group_prefix(g, self.ns))
                 values.append(tables.encode(body.slice(lo, hi - lo), self.shape,
                                             fired_through.get(g, tables.NEVER) if wm is None else wm))
             elif g in stored:
-                gone.append(group_prefix(g, _NS))
+                gone.append(group_prefix(g, self.ns))
         store.put_many(keys, values)
         store.delete_many(gone)
 
     # -- helpers ------------------------------------------------------------------------
-    def _last_end(self, panes: np.ndarray) -> np.ndarray:
-        """The end of the last window holding each pane."""
-        return panes // self.slide * self.slide + self.size
-
     @staticmethod
     def _with_group(schema: pa.Schema) -> pa.Schema:
         at = next(i for i, n in enumerate(schema.names) if n == tables.PANE_START)

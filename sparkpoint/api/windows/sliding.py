@@ -21,6 +21,7 @@ from sparkpoint.api.durations import duration_ms
 from sparkpoint.api.windows.pane_table_state import PaneTables
 from sparkpoint.api.windows.panes import PaneWindow
 from sparkpoint.errors import ConfigError
+from sparkpoint.state import pane_tables
 from sparkpoint.state.interfaces import EpochContext
 from sparkpoint.state.keys import key_group_range
 
@@ -35,6 +36,7 @@ class SlidingWindow(PaneWindow):
     emits every window an epoch changed."""
 
     state_namespace = "hop"
+    pane_table_kind = pane_tables.SLIDING
 
     def __init__(self, name: str, key_columns: Sequence[str], time_column: str, size: int | str,
                  slide: int | str, aggs: Sequence[str] = ("count",), value_column: str | None = None,
@@ -68,3 +70,29 @@ class SlidingWindow(PaneWindow):
         offset = np.arange(len(which)) - np.repeat(np.cumsum(n) - n, n)
         starts = (first[which] + offset) * slide
         return which, starts, starts + size
+
+    # -- the shape, for pane tables (pane_table_state.py) ------------------------------
+    def pane_table_shape(self) -> dict[bytes, bytes]:
+        return pane_tables.shape_metadata(pane_tables.SLIDING, self.size_ms, self.slide_ms,
+                                          self.allowed_lateness_ms, self.output_mode)
+
+    def last_window_end(self, panes: np.ndarray) -> np.ndarray:
+        """The end of the last window holding each pane."""
+        return panes // self.slide_ms * self.slide_ms + self.size_ms
+
+    def window_ends_in(self, panes: np.ndarray, spans: list[tuple[int, int]]) -> bool:
+        """Whether a window holding one of `panes` ends in (since, until] for one of
+        `spans`, without listing the windows: per pane, the first window k*slide that
+        ends after `since` is the only candidate."""
+        size, slide = self.size_ms, self.slide_ms
+        first = -((size - self.pane_ms - panes) // slide)
+        last = panes // slide
+        low = int(first.min())  # keeps a `since` of "never" within int64
+        for since, until in spans:
+            k = np.maximum(first, max((since - size) // slide + 1, low))
+            if ((k <= last) & (k * slide + size <= until)).any():
+                return True
+        return False
+
+    def window_starts(self, ends: np.ndarray) -> np.ndarray:
+        return ends - self.size_ms
