@@ -8,13 +8,15 @@ key and pane, as for a tumbling window of the pane's size, not one per window a 
 belongs to — and the worker spreads each pane's partial over its windows with numpy
 and merges them into per-window state.
 
-Why per-window state rather than per-pane state assembled at fire time: a window then
-fires with one read of one record and is cleaned up by one delete, late firing and
-clean-up are per window exactly as for tumbling windows (window.py), and the state of a
-window can be read back on its own. The cost is size/slide (or size/step) state updates
-per pane partial instead of one; for the common ratios (10 min / 1 min) that is a
-handful of small fixed-width writes per key and pane, and the shuffle, usually the
-larger cost, stays at one row per pane.
+With the one-column aggregates (count, sum, min, max, avg) a `SlidingWindow` or
+`CumulateWindow` keeps the panes themselves, one Arrow table per key group, and
+assembles windows from them with numpy when they fire (pane_table_state.py): one state
+write per changed key group and epoch, whatever the number of windows. The per-window
+engine here (`_merge`, state.py) serves Spark SQL aggregates, whose partials cannot be
+summed as plain columns, and stores that held per-window state before pane tables
+came: each window is one record (fired with one read, cleaned up by one delete, late
+firing and clean-up exactly as for tumbling windows) plus one due-index entry, so
+size/slide (or size/step) state updates per pane partial instead of one.
 """
 
 from __future__ import annotations
