@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 from windows_support import (AGGS, COLUMNS, as_rows, cumulate_windows_of, fixed_reference, random_epochs,
-                             run_in_tester, stored_entries)
+                             run_in_subtasks, run_in_tester, stored_entries)
 
 from sparkpoint import CumulateWindow, SlidingWindow
 from sparkpoint.api.windows.pane_table_state import PaneTables
@@ -72,6 +72,15 @@ def test_pane_tables_equal_the_engine_for_each_aggregate_set(mode, aggs, value_t
         return run_in_tester(lambda: _step(cls, mode, 3_000, 3_000, 12_000, aggs, value_type), epochs, DELAY,
                              columns=columns)[:2]
     assert run(CumulateWindow) == run(EngineCumulate)
+
+
+@pytest.mark.parametrize("mode", ["final", "update"])
+def test_pane_tables_split_over_three_subtasks_equal_the_reference(tmp_path, mode) -> None:
+    """Each subtask reads, fires and cleans up only its own key groups' tables."""
+    epochs = random_epochs(seed=4, keys="abcdefgh")
+    expected, _ = fixed_reference(epochs, cumulate_windows_of(3_000, 12_000), DELAY, 3_000, mode)
+    step = _step(CumulateWindow, mode, 3_000, 3_000, 12_000)
+    assert run_in_subtasks(tmp_path, step, epochs, DELAY, parallelism=3) == expected
 
 
 @pytest.mark.parametrize("mode", ["final", "update"])
