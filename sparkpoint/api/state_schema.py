@@ -13,6 +13,9 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from sparkpoint.api.aggfuncs import AggregateSet
+from sparkpoint.api.aggfuncs import rows as stored_rows
+from sparkpoint.api.aggfuncs.stored import PARTS_META
 from sparkpoint.api.aggregate import _KEY_SCHEMA_META, KeyedAggregate
 from sparkpoint.api.dedup import Deduplicate
 from sparkpoint.api.join import _INPUT_SCHEMA_META, LEFT_COL, RIGHT_COL, IntervalJoin, StreamJoin, WindowJoin, _Join
@@ -71,13 +74,17 @@ def describe(operator: Any) -> OperatorStateSchema:
             raise ConfigError(f"the pipeline has several stateful steps {steps}: pass the one to read, as its "
                               "operator object (operator=...)")
         raise ConfigError("the pipeline has no stateful step, so it keeps no keyed state to read")
+    return _with_known_partials(_describe(op), _sql_aggregates(op))
+
+
+def _describe(op: Any) -> OperatorStateSchema:
     key_schema = _known_key_schema(op)
-    if getattr(op, "sql", None) is not None or getattr(getattr(op, "aggregates", None), "sql", None) is not None:
-        raise ConfigError(f"step {op.name!r} computes Spark SQL aggregates: the state reader does not read the state "
-                          "of Spark SQL aggregates yet; read the step's output instead")
+    sql = _sql_aggregates(op)
+    sql_aggs = () if sql is None else tuple(c.text for c in sql.calls)
     if isinstance(op, KeyedAggregate):
-        return OperatorStateSchema(op.name, "aggregate", tuple(op.key_columns), key_schema, aggs=op.aggs,
-                                   value_type=_value_type_name(op.value_type))
+        return OperatorStateSchema(op.name, "aggregate", tuple(op.key_columns), key_schema, aggs=tuple(op.aggs),
+                                   value_type=_value_type_name(getattr(op, "value_type", pa.float64())),
+                                   sql_aggs=sql_aggs)
     if isinstance(op, TumblingWindow):
         return OperatorStateSchema(op.name, "window", tuple(op.key_columns), key_schema, aggs=op.aggs,
                                    value_type=_value_type_name(op.value_type), size_ms=op.size_ms,
@@ -86,7 +93,7 @@ def describe(operator: Any) -> OperatorStateSchema:
         return OperatorStateSchema(op.name, "window", tuple(op.key_columns), key_schema, aggs=tuple(op.aggs),
                                    value_type=_value_type_name(op.value_type),
                                    allowed_lateness_ms=op.allowed_lateness_ms, window_kind=_WINDOW_KINDS[type(op)],
-                                   namespace=op.state_namespace, output_mode=op.output_mode)
+                                   namespace=op.state_namespace, output_mode=op.output_mode, sql_aggs=sql_aggs)
     if isinstance(op, _Join) and type(op) in _JOIN_KINDS:
         desc = OperatorStateSchema(op.name, "join", tuple(op.key_columns), key_schema,
                                    join_kind=_JOIN_KINDS[type(op)],  # type: ignore[arg-type]
@@ -114,8 +121,57 @@ def describe(operator: Any) -> OperatorStateSchema:
 
 
 # Store metadata a state reader needs besides the keys (the stores are self-describing
-# there): key types for every keyed step, the row columns for a join and a top-n.
-STORE_META = (_KEY_SCHEMA_META, _INPUT_SCHEMA_META, _ROWS_SCHEMA.meta_name)
+# there): key types for every keyed step, the row columns for a join and a top-n, the
+# partial columns of Spark SQL aggregates.
+STORE_META = (_KEY_SCHEMA_META, _INPUT_SCHEMA_META, _ROWS_SCHEMA.meta_name, PARTS_META)
+
+
+def _sql_aggregates(op: Any) -> AggregateSet | None:
+    """A step's Spark SQL aggregates (a KeyedAggregate's, a window's), or None."""
+    sql = getattr(op, "sql", None)
+    if sql is not None and hasattr(sql, "aggs"):
+        return sql.aggs
+    return getattr(getattr(op, "aggregates", None), "sql", None)
+
+
+def _with_known_partials(desc: OperatorStateSchema, sql: AggregateSet | None) -> OperatorStateSchema:
+    """The partial and result columns, when the operator object has learnt them (it ran
+    here, or its input schema told it); else they come from the store."""
+    if sql is None or not sql.resolved:
+        return desc
+    return desc.with_sql_partials(sql.part_schema(), _result_schema(desc, sql))
+
+
+def _result_schema(desc: OperatorStateSchema, sql: AggregateSet) -> pa.Schema:
+    """A window's first aggregate is its hidden row count, not a column of its own."""
+    fields = sql.output_fields()
+    return pa.schema(fields[1:] if desc.type == "window" else fields)
+
+
+def sql_partials(desc: OperatorStateSchema) -> "SqlPartials | None":
+    """What the state reader needs to turn a step's stored Spark SQL partials into its
+    aggregates' values; None for a step without them."""
+    if not desc.sql_aggs:
+        return None
+    if desc.parts_schema is None:
+        desc.sql_result_fields()  # raises: unknown until the state records them
+    return SqlPartials(desc)
+
+
+class SqlPartials:
+    def __init__(self, desc: OperatorStateSchema):
+        self.what = f"step {desc.operator!r}"
+        self.aggs = AggregateSet(self.what, list(desc.sql_aggs))
+        self.aggs.resolve_from_partials(desc.parts_schema)
+        self.fields = desc.sql_result_fields()
+        self.skip = 1 if desc.type == "window" else 0
+
+    def decode(self, raw: list[bytes]) -> pa.Table:
+        return stored_rows.decode_many(raw, self.aggs.part_schema(), self.what)
+
+    def results(self, parts: pa.Table) -> list[pa.Array]:
+        values = self.aggs.results(parts)[self.skip:]
+        return [col.cast(f.type) for f, col in zip(self.fields, values)]
 
 
 def complete_from_store(desc: OperatorStateSchema, get_meta: Callable[[str], bytes | None]) -> OperatorStateSchema:
@@ -133,6 +189,12 @@ def complete_from_store(desc: OperatorStateSchema, get_meta: Callable[[str], byt
         raw = get_meta(_ROWS_SCHEMA.meta_name)
         if raw is not None:
             desc = desc.with_row_schema(pa.ipc.read_schema(pa.py_buffer(raw)))
+    if desc.sql_aggs and desc.sql_fields is None:
+        raw = get_meta(PARTS_META)
+        if raw is not None:
+            sql = AggregateSet(f"step {desc.operator!r}", list(desc.sql_aggs))
+            sql.resolve_from_partials(pa.ipc.read_schema(pa.py_buffer(raw)))
+            desc = _with_known_partials(desc, sql)
     return desc
 
 

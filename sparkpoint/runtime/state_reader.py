@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 
-from sparkpoint.api.state_schema import STORE_META, complete_from_store, describe
+from sparkpoint.api.state_schema import STORE_META, complete_from_store, describe, sql_partials
 from sparkpoint.errors import ConfigError, CorruptSnapshotError, StaleStateError, StateSchemaError
 from sparkpoint.runtime.executor.state import SubtaskState
 from sparkpoint.runtime.state_source import SCHEMA_KEY, StateSource, open_state_source
@@ -165,7 +165,13 @@ class _ReadTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         desc = OperatorStateSchema.from_json(self.desc)
-        decode = dump.read_state if self.kind == "state" else dump.read_timers
+        if self.kind == "state":
+            partials = sql_partials(desc)
+
+            def decode(entries, desc):
+                return dump.read_state(entries, desc, partials=partials)
+        else:
+            decode = dump.read_timers
         for batch in batches:
             for i in batch.column(0).to_pylist():
                 with _Subtask(self.files_url, self.options, self.lineages[i], self.where) as store:

@@ -137,6 +137,11 @@ class OperatorStateSchema:
     # top-n: the columns of its held rows, as the state stores them, and the rank's name
     row_schema: pa.Schema | None = None
     rank_column: str = "rank"
+    # Spark SQL aggregates (a KeyedAggregate's, or a window's, whose first is a hidden
+    # count(*)): their texts, the partial columns the store records, and the result columns
+    sql_aggs: tuple[str, ...] = ()
+    parts_schema: pa.Schema | None = None
+    sql_fields: pa.Schema | None = None
 
     @property
     def is_pane_window(self) -> bool:
@@ -148,7 +153,16 @@ class OperatorStateSchema:
         """What the operator object did not know must come from a store's metadata: the
         key types, a join's or a top-n's row columns."""
         return (self.key_schema is None or (self.type == "join" and self.left_schema is None)
-                or (self.type == "topn" and self.row_schema is None))
+                or (self.type == "topn" and self.row_schema is None) or (bool(self.sql_aggs) and self.sql_fields is None))
+
+    def with_sql_partials(self, parts: pa.Schema, fields: pa.Schema) -> "OperatorStateSchema":
+        return replace(self, parts_schema=parts, sql_fields=fields)
+
+    def sql_result_fields(self) -> list[pa.Field]:
+        if self.sql_fields is None:
+            raise StateSchemaError(f"step {self.operator!r}: the types of its Spark SQL aggregates are not known; its "
+                                   "state records them once it has seen rows")
+        return list(self.sql_fields)
 
     def with_side_schemas(self, left: pa.Schema, right: pa.Schema) -> "OperatorStateSchema":
         return replace(self, left_schema=left, right_schema=right)
@@ -191,10 +205,15 @@ class OperatorStateSchema:
     # -- what a read returns -----------------------------------------------------------
     def output_schema(self) -> pa.Schema:
         keys = self.key_fields()
-        if self.type == "aggregate":
+        if self.type == "aggregate" and self.sql_aggs:
+            cols = self.sql_result_fields()
+        elif self.type == "aggregate":
             types = {"count": pa.int64(), "sum": self.arrow_value_type, "min": self.arrow_value_type,
                      "max": self.arrow_value_type}
             cols = [pa.field(a, types[a]) for a in self.aggs]
+        elif self.is_pane_window and self.sql_aggs:
+            cols = [pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64()),
+                    *self.sql_result_fields(), pa.field("fired", pa.bool_()), pa.field("late", pa.bool_())]
         elif self.is_pane_window:
             types = {"count": pa.int64(), "avg": pa.float64()}
             cols = [pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64()),
@@ -270,6 +289,10 @@ class OperatorStateSchema:
                      row_schema=schema_to_b64(self.row_schema) if self.row_schema else None)
         elif self.type != "dedup":
             d.update(aggs=list(self.aggs), value_type=self.value_type)
+            if self.sql_aggs:
+                d.update(sql_aggs=list(self.sql_aggs),
+                         parts_schema=schema_to_b64(self.parts_schema) if self.parts_schema else None,
+                         sql_fields=schema_to_b64(self.sql_fields) if self.sql_fields else None)
         if self.type == "window":
             d.update(size_ms=self.size_ms, allowed_lateness_ms=self.allowed_lateness_ms)
             if self.is_pane_window:
@@ -284,6 +307,7 @@ class OperatorStateSchema:
         try:
             ks = raw.get("key_schema")
             rows = raw.get("row_schema")
+            parts, fields = raw.get("parts_schema"), raw.get("sql_fields")
             sides = [schema_from_b64(raw[f"{side}_schema"], f"{side} rows") if raw.get(f"{side}_schema") else None
                      for side in SIDES]
             return cls(operator=str(raw["operator"]), type=raw["type"], key_columns=tuple(raw["key_columns"]),
@@ -297,6 +321,9 @@ class OperatorStateSchema:
                        output_mode=raw.get("output_mode", "final"), join_kind=raw.get("join_kind", "interval"),
                        outer=tuple(raw.get("outer", ())), left_schema=sides[0], right_schema=sides[1],
                        row_schema=schema_from_b64(rows, "top-n rows") if rows else None,
-                       rank_column=str(raw.get("rank_column", "rank")))
+                       rank_column=str(raw.get("rank_column", "rank")),
+                       sql_aggs=tuple(raw.get("sql_aggs", ())),
+                       parts_schema=schema_from_b64(parts, "aggregate partials") if parts else None,
+                       sql_fields=schema_from_b64(fields, "aggregate results") if fields else None)
         except (KeyError, TypeError, ValueError) as e:
             raise StateSchemaError(f"state schema of {raw.get('operator')!r} is malformed: {e}") from None

@@ -10,7 +10,7 @@ there.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -40,9 +40,29 @@ _DEDUP_NS = "dedup"  # <user key> -> the time the key is released (its index by 
 _TOPN_NS = "topn"  # <user key> -> the key's top rows, in rank order, one Arrow IPC record-batch message
 
 Entries = Iterable[tuple[bytes, bytes]]
+_SQL_AGG_NS = "agg-sql"  # a KeyedAggregate's Spark SQL partials: <user key> -> one msgpack list
+_PARTS = "-parts"  # a window's Spark SQL partials beside its records: <ns>-parts
 
 
-def read_state(entries: Entries, desc: OperatorStateSchema, batch_rows: int = 4096) -> Iterator[pa.Table]:
+class SqlPartials(Protocol):
+    """Turns a step's stored Spark SQL partials into its aggregates' values (the
+    aggregates are the pipeline builder's: sparkpoint.api.state_schema.sql_partials)."""
+
+    def decode(self, raw: list[bytes]) -> pa.Table: ...
+
+    def results(self, parts: pa.Table) -> list[pa.Array]: ...
+
+
+def read_state(entries: Entries, desc: OperatorStateSchema, batch_rows: int = 4096,
+               partials: SqlPartials | None = None) -> Iterator[pa.Table]:
+    """`partials`: needed for a step with Spark SQL aggregates."""
+    if desc.sql_aggs:
+        if partials is None:
+            raise StateSchemaError(f"step {desc.operator!r} keeps Spark SQL aggregate partials; read it with the "
+                                   "reader of its aggregates")
+        if desc.type == "aggregate":
+            return _read_sql_aggregate(entries, desc, partials, batch_rows)
+        return _read_sql_windows(entries, desc, partials, batch_rows)
     if desc.type == "aggregate":
         return _read_records(entries, desc, _AGG_NS, batch_rows)
     if desc.is_pane_window:
@@ -278,8 +298,85 @@ def _timer_table(rows: list[tuple[tuple, int, str]], desc: OperatorStateSchema, 
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+# -- Spark SQL aggregates: partials per key, or per key and window beside its record ---
+def _read_sql_aggregate(entries: Entries, desc: OperatorStateSchema, partials: SqlPartials,
+                        batch_rows: int) -> Iterator[pa.Table]:
+    schema = desc.output_schema()
+    types = [f.type for f in desc.key_fields()]
+    keys: list[tuple] = []
+    values: list[bytes] = []
+    for key, value in entries:
+        if split_namespace(key)[1] != _SQL_AGG_NS:
+            continue
+        keys.append(split_key(key, types).values)
+        values.append(value)
+        if len(keys) >= batch_rows:
+            yield _sql_aggregate_table(desc, schema, partials, keys, values)
+            keys, values = [], []
+    if keys:
+        yield _sql_aggregate_table(desc, schema, partials, keys, values)
+
+
+def _sql_aggregate_table(desc: OperatorStateSchema, schema: pa.Schema, partials: SqlPartials, keys: list[tuple],
+                         values: list[bytes]) -> pa.Table:
+    columns = [*key_columns_from_plain(keys, desc.key_fields()), *partials.results(partials.decode(values))]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _read_sql_windows(entries: Entries, desc: OperatorStateSchema, partials: SqlPartials,
+                      batch_rows: int) -> Iterator[pa.Table]:
+    """A window's record (bounds, flags) and its partials share `<user key><suffix>` in
+    two namespaces of one key group, so they are paired per key group."""
+    schema = desc.output_schema()
+    types = [f.type for f in desc.key_fields()]
+    codec = _pane_codec(desc)
+    parts_ns = desc.namespace + _PARTS
+    records: dict[bytes, tuple[tuple, bytes]] = {}
+    parts: dict[bytes, bytes] = {}
+    group = None
+    done: list[tuple[tuple, bytes, bytes]] = []
+    for key, value in entries:
+        g, ns, at = split_namespace(key)
+        if g != group:
+            done += _paired(records, parts, desc, group)
+            records, parts, group = {}, {}, g
+            if len(done) >= batch_rows:
+                yield _sql_window_table(desc, schema, codec, partials, done)
+                done = []
+        if ns == desc.namespace:
+            records[key[at:]] = (split_key(key, types).values, value)
+        elif ns == parts_ns:
+            parts[key[at:]] = value
+    done += _paired(records, parts, desc, group)
+    if done:
+        yield _sql_window_table(desc, schema, codec, partials, done)
+
+
+def _paired(records: dict[bytes, tuple[tuple, bytes]], parts: dict[bytes, bytes], desc: OperatorStateSchema,
+            group: int | None) -> list[tuple[tuple, bytes, bytes]]:
+    missing = [k for k in records if k not in parts]
+    if missing or len(parts) != len(records):
+        raise StateSchemaError(f"window step {desc.operator!r}: key group {group} holds {len(records)} window "
+                               f"records and {len(parts)} aggregate partials, not one of each per window; its state "
+                               "is not one this step wrote")
+    return [(values, record, parts[k]) for k, (values, record) in records.items()]
+
+
+def _sql_window_table(desc: OperatorStateSchema, schema: pa.Schema, codec: FixedWidthCodec, partials: SqlPartials,
+                      windows: list[tuple[tuple, bytes, bytes]]) -> pa.Table:
+    rec = codec.decode_many([w[1] for w in windows])
+    columns = [*key_columns_from_plain([w[0] for w in windows], desc.key_fields()),
+               pa.array(rec["start"], pa.int64()), pa.array(rec["end"], pa.int64()),
+               *partials.results(partials.decode([w[2] for w in windows])),
+               pa.array(rec["fired"] != 0), pa.array(rec["late"] != 0)]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 # -- sliding, session and cumulate windows: one record per key and window ---------------
 def _pane_codec(desc: OperatorStateSchema) -> FixedWidthCodec:
+    if desc.sql_aggs:  # the partials sit beside the record; it keeps the row count
+        return FixedWidthCodec(desc.operator, [("start", "i8"), ("end", "i8"), ("count", "i8"), ("fired", "i8"),
+                                               ("late", "i8")])
     kind = "f8" if desc.value_type == "double" else "i8"
     return FixedWidthCodec(desc.operator, [("start", "i8"), ("end", "i8"), ("count", "i8"), ("nvalues", "i8"),
                                            ("sum", kind), ("min", kind), ("max", kind), ("fired", "i8"),

@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
 from sparkpoint.api.processor import INITIAL_STATE_COL, ProcessorOperator, StatefulProcessorHandle
-from sparkpoint.api.state_schema import complete_from_store, describe
+from sparkpoint.api.state_schema import complete_from_store, describe, sql_partials
 from sparkpoint.config import parse_duration_ms
 from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.executor.state import SubtaskState
@@ -438,7 +438,8 @@ class ProcessorTester:
             desc = complete_from_store(describe(self.step), state.store.get_meta)
             if desc.key_schema is None:
                 raise ConfigError(f"step {self.step.name!r} has seen no rows yet, so its key types are unknown")
-            tables = list(read(state.store.scan_range(b"", None), desc))
+            extra = {"partials": sql_partials(desc)} if read is dump.read_state else {}
+            tables = list(read(state.store.scan_range(b"", None), desc, **extra))
         finally:
             state.store.discard_pending()  # reading never writes
             state.close(keep=True)

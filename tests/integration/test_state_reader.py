@@ -284,6 +284,22 @@ def test_window_state_and_timers_equal_pandas(spark, tmp_path):
     assert fire == unfired
 
 
+def test_sql_aggregate_state_reads_from_the_checkpoint_alone_and_equals_pandas(spark, tmp_path):
+    """Spark pre-aggregates the partials (any expression); the reader needs neither the
+    operator object nor key types: the checkpoint records the aggregates, the store their
+    partial types."""
+    aggs = ["count(*) AS n", "sum(value) AS total", "count(DISTINCT value % 7) AS residues",
+            "max(value) FILTER (WHERE value % 2 = 0) AS top_even"]
+    job_dir = _run(spark, tmp_path, "sqltotals", KeyedAggregate("sqltotals", ["key"], aggs=aggs))
+    events = _events(spark)
+    expected = pd.DataFrame([
+        {"key": k, "n": len(g), "total": int(g.value.sum()), "residues": g.value.mod(7).nunique(),
+         "top_even": g.value[g.value % 2 == 0].max()} for k, g in events.groupby("key")])
+    got = sparkpoint.read_state(spark, str(job_dir)).toPandas()
+    assert list(got.columns) == ["key", "n", "total", "residues", "top_even"]
+    pd.testing.assert_frame_equal(_sorted_frame(got), _sorted_frame(expected), check_dtype=False)
+
+
 def test_a_real_savepoint_taken_by_stop_reads_like_its_input(spark, tmp_path):
     import threading
     import time

@@ -133,14 +133,3 @@ def test_a_condition_only_spark_can_evaluate_gets_one_line_in_the_harness() -> N
     tester = ProcessorTester(KeyedAggregate("x", ["k"], aggs=["count(*) FILTER (WHERE v < 10) AS n"]))
     with pytest.raises(ConfigError, match="compute the condition as a BOOLEAN column"):
         tester.process(random_epochs(seed=1, epochs=1)[0])
-
-
-@pytest.mark.parametrize("make", [
-    lambda: KeyedAggregate("stats", ["k"], aggs=["count(*) AS n"]),
-    lambda: __import__("sparkpoint").SlidingWindow("hop", ["k"], "ts", size=10, slide=5, aggs=["count(*) AS n"]),
-], ids=["keyed", "window"])
-def test_the_state_reader_refuses_sql_aggregates_state_with_one_line(make) -> None:
-    tester = ProcessorTester(make())
-    tester.process(random_epochs(seed=1, epochs=1)[0].assign(ts=1))
-    with pytest.raises(ConfigError, match="the state reader does not read the state of Spark SQL aggregates yet"):
-        tester.state()
