@@ -828,7 +828,7 @@ commits state every batch and reports no checkpoint duration (its state commit t
 
 ## Peak memory
 Peak memory fields the RESULT lines carry (W2 and latency: PSS of the process tree, see
-bench/w2_workload.py; PyFlink: summed RSS of the Python process and its JVM; W3: driver and executor
+bench/process_tree.py; PyFlink: summed RSS of the Python process and its JVM; W3: driver and executor
 side; W1: as W2). In local mode the Spark driver and executor are one JVM; Spark's Python workers
 are the Python processes besides the driver (runs before 2026-11-24 18:45 UTC count the sparkpoint/PySpark driver
 process, ~150 MB, among them).

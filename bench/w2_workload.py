@@ -1,6 +1,6 @@
 """W2 (event-time tumbling windows) workload settings shared by the sparkpoint run and its
 Spark Structured Streaming peer, the Parquet copy of the generator's events the peer
-reads, the expected output size, and a peak-RSS probe of the process tree.
+reads, and the expected output size (CPU and memory of the process tree: bench/process_tree.py).
 
 Events: the records of `GeneratorSource(seed=7, splits=2)` (keys uniform over K, value
 0..999) with event time advancing `event_time_per_s` events per second of event time
@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass
 from sparkpoint.connectors.base import SlicePlan, SourceContext
 from sparkpoint.connectors.generator import GeneratorSource
 import w2_windows
-from process_tree import PeakRss, tree_cpu_s, tree_rss, tree_rss_bytes  # noqa: F401 (scripts import them from here)
 from w2_windows import WINDOW_MS, Windowing, expected_rows
 
 SPLITS = 2
