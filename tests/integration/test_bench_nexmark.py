@@ -44,9 +44,10 @@ def test_sparkpoint_and_spark_ss_measure_a_query_and_emit_the_same_rows(tmp_path
 
 
 def test_pyflink_measures_a_query(tmp_path):
-    jars = PYFLINK_PY.parent.parent / "jars"
+    jars = Path(os.environ.get("PYFLINK_JARS") or PYFLINK_PY.parent.parent / "jars")
     if not PYFLINK_PY.exists() or not jars.is_dir():
-        pytest.skip(f"no PyFlink venv with its jars at {PYFLINK_PY.parent.parent} (bash bench/pyflink/setup.sh)")
+        pytest.skip(f"no PyFlink venv at {PYFLINK_PY.parent.parent} with its jars in {jars} "
+                    "(bash bench/pyflink/setup.sh; PYFLINK_PYTHON and PYFLINK_JARS point elsewhere)")
     rows = _run(tmp_path, "pyflink", "q1", ["--pyflink-python", str(PYFLINK_PY)])
     assert len(rows) == 1 and "failed" not in rows[0], rows
     assert rows[0]["events_per_s"] > 0 and rows[0]["checkpoints_completed"] >= 0
