@@ -38,13 +38,14 @@ HDFS_STORE = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStor
 CANNOT_EXPRESS = {
     "q4": "MAX per auction over an unbounded stream-stream join, then AVG of it per category: "
           "two chained aggregations over a join without a time bound (no append mode, update mode has no join)",
-    "q5": "a window count per auction, then the max per window joined back to it: a join after an "
-          "aggregation needs both sides time-bounded in append mode, which the max's window is not",
+    "q5": "not written here: a window count per auction joined to the per-window max of those counts (a "
+          "stream-stream join after two chained aggregations; whether append mode accepts it was not tried)",
     "q6": "a ROW_NUMBER / OVER (last 10) window over the winning bids: non-time window functions are "
           "unsupported on streaming DataFrames",
-    "q7": "the window max joined back to the bids with a BETWEEN on the window's end: a stream-stream "
-          "join after an aggregation, unsupported in append mode without event-time equality",
-    "q8": "two windowed GROUP BYs joined on the window: not written (a join of two aggregations)",
+    "q7": "not written here: the bids joined to their window's max price on a BETWEEN with the window's end "
+          "(a stream-stream join after an aggregation; whether append mode accepts it was not tried)",
+    "q8": "not written here: two windowed GROUP BYs joined on the window (a stream-stream join after "
+          "aggregations; whether append mode accepts it was not tried)",
     "q9": "ROW_NUMBER per auction over a stream-stream join: non-time window functions are unsupported "
           "on streaming DataFrames",
     "q12": "a processing-time window (PROCTIME()): Spark SS windows only on a column, and "

@@ -592,6 +592,27 @@ def draw_plots(results: list[dict[str, Any]], plots_dir: str) -> list[str]:
         fig.savefig(os.path.join(plots_dir, "checkpoint_ms.png"), dpi=100)
         plt.close(fig)
         drawn.append("checkpoint_ms.png")
+    if runs_of(results, "nexmark"):
+        import nexmark
+
+        per_system = {system: nexmark.by_query(runs_of(results, "nexmark"), system) for system in nexmark.SYSTEMS}
+        queries = sorted({q for rs in per_system.values() for q, r in rs.items() if r.get("events_per_s")},
+                         key=lambda q: int(q[1:]))
+        if queries:
+            fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(queries)), 4.5))
+            for i, system in enumerate(nexmark.SYSTEMS):
+                values = [(per_system[system].get(q) or {}).get("events_per_s") or 0 for q in queries]
+                ax.bar([j + (i - 1) * 0.27 for j in range(len(queries))], values, 0.27,
+                       color=colors.get(system, "grey"), label=system)
+            ax.set_yscale("log")
+            ax.set_xticks(range(len(queries)), queries, fontsize=8)
+            ax.set_ylabel("events/s after start-up (log; no bar: not run or cannot express)")
+            ax.set_title("Nexmark, one query at a time")
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(os.path.join(plots_dir, "nexmark.png"), dpi=100)
+            plt.close(fig)
+            drawn.append("nexmark.png")
     lat = sorted(runs_of(results, "latency"), key=lambda r: (r["system"], r["run"]))
     if lat:
         fig, ax = plt.subplots(figsize=(max(5, 2 * len(lat)), 4.5))
@@ -752,6 +773,8 @@ def section_markdown(section: str, results: list[dict[str, Any]], args: argparse
         if pyflink_status.get(section, "ok") != "ok":
             out.append(f"\n**PyFlink skipped:** {pyflink_status[section]}")
         out.append(f"\n### Results per query ({nrounds} round(s); the median run of each)\n" + nexmark.table(runs))
+        if "nexmark.png" in plots:
+            out.append(f"\n![Nexmark: events/s per query]({os.path.basename(args.plots_dir)}/nexmark.png)")
     elif section == "w3":
         out.append("### Settings\n" + _quoted_doc("w3_large_state.py"))
         if runs:
