@@ -102,9 +102,9 @@ docs: bootstrap
 	$(PY) scripts/gen_config_keys.py
 	$(VENV)/bin/mkdocs build --strict
 
-# Every benchmark (W1 at 100k and 1M keys, W2, W3, latency; PyFlink peer via
+# Every benchmark (W1 at 100k and 1M keys, W2, W3, latency, processor, Nexmark; PyFlink peer via
 # bench/pyflink/setup.sh), then bench/RESULTS.md and bench/plots/*.png. ARGS passes options, e.g.
-# make bench ARGS="--only w1,w2 --runs 3" or ARGS="--more --runs 0" (re-render only).
+# make bench ARGS="--only w1,w2 --runs 3", ARGS="--only nexmark --nexmark-events 1000000" or ARGS="--more --runs 0" (re-render only).
 bench: bootstrap
 	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) bench/run_all.py $(ARGS)

@@ -52,7 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from w2_workload import PeakRss, spark_session
+from process_tree import PeakRss
+from w2_workload import spark_session
 
 SPLITS = 2
 SEED = 7

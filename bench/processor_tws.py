@@ -79,7 +79,8 @@ from tests.sessionize import Sessionize
 from tests.unit.testing.test_readme_backfill import reference_sessions
 from w2_spark_ss import PROVIDERS, TRIGGER, _dir_bytes, _end_s, _parquet_rows, _progress, await_rows
 from w2_window import MeasuredJobMaster
-from w2_workload import DELAY_MS, W2, PeakRss, ensure_parquet_events, spark_session, tree_cpu_s, workload_arguments
+from process_tree import PeakRss, tree_cpu_s
+from w2_workload import DELAY_MS, W2, ensure_parquet_events, spark_session, workload_arguments
 
 SENTINEL_KEY = -1
 OUTPUT = "key BIGINT, session_start BIGINT, session_end BIGINT, events BIGINT"

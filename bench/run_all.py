@@ -1,9 +1,10 @@
-"""Run the benchmarks (W1, W2, W3, latency, custom processor) round by round and write bench/RESULTS.md with plots.
+"""Run the benchmarks (W1, W2, W3, latency, custom processor, Nexmark) round by round and write bench/RESULTS.md with plots.
 
-    python bench/run_all.py [--only w1,w1-1m,w1-e1m,w2,w2-sliding,w2-session,w3,latency,processor] [--runs 3]
+    python bench/run_all.py [--only w1,w1-1m,w1-e1m,w2,w2-sliding,w2-session,w3,latency,processor,nexmark] [--runs 3]
         [--events 5000000]
         [--keys 100000] [--keys-1m 1000000] [--epoch-records 500000] [--big-epoch-records 1000000]
         [--processor-events 2000000] [--processor-keys 10000] [--processor-epoch-records 100000]
+        [--nexmark-events 10000000] [--nexmark-queries q0,q1,...]
         [--more] [--results-dir bench]
 
 Sections (default: all of them):
@@ -25,6 +26,10 @@ Sections (default: all of them):
   processor  the README's Sessionize processor on sparkpoint and on Spark's
            transformWithStateInPandas, same processor body and Parquet input (bench/processor_tws.py,
            one fresh process per system, order alternating): one round by default.
+  nexmark  every examples/nexmark query (--nexmark-queries) on --nexmark-events generated events, one
+           query at a time on sparkpoint (`sparkpoint run examples/nexmark/qN.py`), Spark SS
+           (bench/nexmark_spark_ss.py) and PyFlink (bench/pyflink/nexmark_flink.py, nexmark-flink's SQL),
+           as bench/nexmark.py runs them: one round by default.
 
 Each round of w1/w1-1m/w1-e1m/w2/w2-sliding/w2-session starts one fresh process per system (each pays its
 JVM start and runs a discarded warm-up job), then every configuration of that system once; the order of the systems and
@@ -58,14 +63,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PYFLINK_SETUP = os.path.join(HERE, "pyflink", "setup.sh")
 PYFLINK_VENV_PY = os.path.join(HERE, ".venv-pyflink", "bin", "python")
-SECTIONS = ["w1", "w1-1m", "w1-e1m", "w2", "w2-sliding", "w2-session", "w3", "latency", "processor"]
+SECTIONS = ["w1", "w1-1m", "w1-e1m", "w2", "w2-sliding", "w2-session", "w3", "latency", "processor", "nexmark"]
+ONE_ROUND_SECTIONS = ("w3", "latency", "processor", "nexmark")
 THROUGHPUT_SECTIONS = ["w1", "w1-1m", "w1-e1m", "w2", "w2-sliding", "w2-session"]
 SECTION_TITLES = {"w1": "W1 keyed aggregate, K = 100 k", "w1-1m": "W1 keyed aggregate, K = 1 M",
                   "w1-e1m": "W1 keyed aggregate, K = 100 k, epochs of 1 M events",
                   "w2": "W2 tumbling window (60 s)", "w2-sliding": "W2 sliding window (60 s every 10 s)",
                   "w2-session": "W2 session window (30 s gap)", "w3": "W3 large state",
                   "latency": "End-to-end latency",
-                  "processor": "Custom processor: the README's Sessionize, sparkpoint vs Spark transformWithStateInPandas"}
+                  "processor": "Custom processor: the README's Sessionize, sparkpoint vs Spark transformWithStateInPandas",
+                  "nexmark": "Nexmark"}
 # The W2 variants: section -> the scripts' --window. All three systems get the same event-time
 # density (W2's sparkpoint and Spark SS default; W2's own PyFlink runs keep Flink's 10,000).
 W2_VARIANTS = {"w2-sliding": "sliding", "w2-session": "session"}
@@ -153,6 +160,19 @@ def processor_jobs(args: argparse.Namespace, run: int) -> list[tuple[str, list[s
     return jobs if run % 2 == 0 else jobs[::-1]
 
 
+def nexmark_jobs(args: argparse.Namespace, run: int, pyflink_python: str | None) -> list[tuple[str, list[str]]]:
+    """(system, command) of one round of the nexmark section; the input is generated first."""
+    import nexmark
+
+    options = argparse.Namespace(events=args.nexmark_events, files_per_stream=args.nexmark_files_per_stream,
+                                 files_per_epoch=args.nexmark_files_per_epoch, work=args.work)
+    nexmark.ensure_input(args.work, args.nexmark_events, args.nexmark_files_per_stream)
+    queries = [q.strip() for q in (args.nexmark_queries or ",".join(nexmark.QUERIES)).split(",") if q.strip()]
+    systems = ["sparkpoint", "spark-ss"] + (["pyflink"] if pyflink_python else [])
+    jobs = [(system, nexmark.system_command(system, options, queries, pyflink_python)) for system in systems]
+    return jobs if run % 2 == 0 else jobs[::-1]
+
+
 def latency_command(args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, os.path.join(HERE, "latency.py"), "--rate", str(args.latency_rate),
            "--duration-s", str(args.latency_duration_s), "--keys", str(args.keys), "--work", args.work]
@@ -218,6 +238,8 @@ def section_settings(section: str, args: argparse.Namespace) -> dict[str, Any]:
         return {"keys": args.w3_keys}
     if section == "processor":
         return {"events": args.processor_events, "keys": args.processor_keys}
+    if section == "nexmark":
+        return {"events_generated": args.nexmark_events}
     return {"rate": args.latency_rate}
 
 
@@ -570,6 +592,27 @@ def draw_plots(results: list[dict[str, Any]], plots_dir: str) -> list[str]:
         fig.savefig(os.path.join(plots_dir, "checkpoint_ms.png"), dpi=100)
         plt.close(fig)
         drawn.append("checkpoint_ms.png")
+    if runs_of(results, "nexmark"):
+        import nexmark
+
+        per_system = {system: nexmark.by_query(runs_of(results, "nexmark"), system) for system in nexmark.SYSTEMS}
+        queries = sorted({q for rs in per_system.values() for q, r in rs.items() if r.get("events_per_s")},
+                         key=lambda q: int(q[1:]))
+        if queries:
+            fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(queries)), 4.5))
+            for i, system in enumerate(nexmark.SYSTEMS):
+                values = [(per_system[system].get(q) or {}).get("events_per_s") or 0 for q in queries]
+                ax.bar([j + (i - 1) * 0.27 for j in range(len(queries))], values, 0.27,
+                       color=colors.get(system, "grey"), label=system)
+            ax.set_yscale("log")
+            ax.set_xticks(range(len(queries)), queries, fontsize=8)
+            ax.set_ylabel("events/s after start-up (log; no bar: not run or cannot express)")
+            ax.set_title("Nexmark, one query at a time")
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(os.path.join(plots_dir, "nexmark.png"), dpi=100)
+            plt.close(fig)
+            drawn.append("nexmark.png")
     lat = sorted(runs_of(results, "latency"), key=lambda r: (r["system"], r["run"]))
     if lat:
         fig, ax = plt.subplots(figsize=(max(5, 2 * len(lat)), 4.5))
@@ -719,6 +762,19 @@ def section_markdown(section: str, results: list[dict[str, Any]], args: argparse
                    f"{_fmt(sample.get('event_time_per_s'))} events per second.")
         out.append(f"\n### Results (median of {nrounds} rounds)\n" + processor_table(results))
         out.append("\n### Ratio (throughput after start-up) and target\n" + processor_ratios(results))
+    elif section == "nexmark":
+        import nexmark
+
+        sample = runs[0] if runs else {}
+        out.append("### Settings\n" + _quoted_doc("nexmark.py") + "\n\n" + _quoted_doc("nexmark_spark_ss.py")
+                   + "\n\n" + _quoted_doc("pyflink/nexmark_flink.py")
+                   + f"\n\n{_fmt(sample.get('events_generated'))} generated events, "
+                   f"{_fmt(sample.get('files_per_epoch'))} files of each stream per epoch / batch.")
+        if pyflink_status.get(section, "ok") != "ok":
+            out.append(f"\n**PyFlink skipped:** {pyflink_status[section]}")
+        out.append(f"\n### Results per query ({nrounds} round(s); the median run of each)\n" + nexmark.table(runs))
+        if "nexmark.png" in plots:
+            out.append(f"\n![Nexmark: events/s per query]({os.path.basename(args.plots_dir)}/nexmark.png)")
     elif section == "w3":
         out.append("### Settings\n" + _quoted_doc("w3_large_state.py"))
         if runs:
@@ -795,7 +851,7 @@ commits state every batch and reports no checkpoint duration (its state commit t
 
 ## Peak memory
 Peak memory fields the RESULT lines carry (W2 and latency: PSS of the process tree, see
-bench/w2_workload.py; PyFlink: summed RSS of the Python process and its JVM; W3: driver and executor
+bench/process_tree.py; PyFlink: summed RSS of the Python process and its JVM; W3: driver and executor
 side; W1: as W2). In local mode the Spark driver and executor are one JVM; Spark's Python workers
 are the Python processes besides the driver (runs before 2026-11-24 18:45 UTC count the sparkpoint/PySpark driver
 process, ~150 MB, among them).
@@ -850,6 +906,10 @@ def main() -> None:
     parser.add_argument("--processor-epoch-records", type=int, default=100_000)
     parser.add_argument("--processor-warmup-events", type=int, default=None,
                         help="passed to processor_tws.py (its default: 200,000)")
+    parser.add_argument("--nexmark-events", type=int, default=10_000_000, help="events generated for nexmark")
+    parser.add_argument("--nexmark-queries", default=None, help="default: every examples/nexmark query")
+    parser.add_argument("--nexmark-files-per-stream", type=int, default=20)
+    parser.add_argument("--nexmark-files-per-epoch", type=int, default=2)
     parser.add_argument("--work", default="/tmp/sparkpoint-bench")
     parser.add_argument("--results-dir", default=HERE,
                         help="where RESULTS.md, runs.jsonl and plots/ go (default: bench/)")
@@ -876,7 +936,7 @@ def main() -> None:
         else:
             records = [r for r in records if not (r.get("section") in sections and "system" in r)]
         pyflink_python, pyflink_status = None, "skipped (--no-pyflink)" if args.no_pyflink else "ok"
-        if not args.no_pyflink and any(s in THROUGHPUT_SECTIONS for s in sections):
+        if not args.no_pyflink and any(s in THROUGHPUT_SECTIONS or s == "nexmark" for s in sections):
             print("bash bench/pyflink/setup.sh ...", flush=True)
             pyflink_python, pyflink_status = setup_pyflink()
             print(f"PyFlink: {pyflink_status}", flush=True)
@@ -899,7 +959,7 @@ def main() -> None:
             record(section, [{"system": system, "config": "-", "run": run, "failed": str(err)}])
 
         for section in sections:
-            nruns = args.runs if args.runs is not None else (1 if section in ("w3", "latency", "processor") else 3)
+            nruns = args.runs if args.runs is not None else (1 if section in ONE_ROUND_SECTIONS else 3)
             first = max((r["run"] for r in records if r.get("section") == section and "run" in r), default=-1) + 1
             started_section = time.monotonic()
             for run in range(first, first + nruns):
@@ -909,6 +969,8 @@ def main() -> None:
                     jobs = [("sparkpoint", w3_command(args, run))]
                 elif section == "processor":
                     jobs = processor_jobs(args, run)
+                elif section == "nexmark":
+                    jobs = nexmark_jobs(args, run, pyflink_python)
                 else:
                     jobs = [("latency", latency_command(args))]
                 for system, cmd in jobs:
@@ -921,7 +983,7 @@ def main() -> None:
                         failed(section, system, run, e)
                         continue
                     for r in got:
-                        r["run"] = run if section == "latency" else r["run"]
+                        r["run"] = run if section in ("latency", "nexmark") else r["run"]
                         value = r.get("events_per_s") or r.get("latency_p50_ms") or r.get("ratio_uploaded_to_changed")
                         print(f"  {r['system']:10s} {r['config']:14s} {_fmt(value):>12s} "
                               f"(load {r.get('loadavg_1m_after') or 0:.1f})", flush=True)
@@ -945,6 +1007,10 @@ def main() -> None:
             print(f"\n{section}\n" + throughput_table(results, section) + "\n" + throughput_ratios(results, section))
     if runs_of(results, "processor"):
         print("\nprocessor\n" + processor_table(results) + "\n" + processor_ratios(results))
+    if runs_of(results, "nexmark"):
+        import nexmark
+
+        print("\nnexmark\n" + nexmark.table(runs_of(results, "nexmark")))
 
 
 if __name__ == "__main__":

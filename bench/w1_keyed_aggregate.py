@@ -33,7 +33,7 @@ from sparkpoint.connectors.parquet_sink import ParquetSink
 from sparkpoint.runtime.jobmaster import JobMaster
 
 from w1_workload import W1, ensure_parquet_events, spark_session, workload_arguments
-from w2_workload import PeakRss, tree_cpu_s
+from process_tree import PeakRss, tree_cpu_s
 
 
 class MeasuredJobMaster(JobMaster):

@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from w1_workload import W1, ensure_parquet_events, spark_session, workload_arguments
-from w2_workload import PeakRss, tree_cpu_s
+from process_tree import PeakRss, tree_cpu_s
 
 PROVIDERS = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",

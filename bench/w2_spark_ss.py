@@ -37,7 +37,8 @@ import pyarrow.parquet as pq
 
 import w2_windows
 from w2_windows import WINDOW_MS, Windowing
-from w2_workload import (DELAY_MS, W2, PeakRss, tree_cpu_s, ensure_parquet_events, expected_output_rows, from_args,
+from process_tree import PeakRss, tree_cpu_s
+from w2_workload import (DELAY_MS, W2, ensure_parquet_events, expected_output_rows, from_args,
                          spark_session, workload_arguments)
 
 PROVIDERS = {

@@ -37,7 +37,8 @@ from sparkpoint.runtime.jobmaster import JobMaster
 
 import w2_windows
 from w2_windows import Windowing
-from w2_workload import (DELAY_MS, W2, PeakRss, tree_cpu_s, expected_output_rows, from_args, spark_session,
+from process_tree import PeakRss, tree_cpu_s
+from w2_workload import (DELAY_MS, W2, expected_output_rows, from_args, spark_session,
                          workload_arguments)
 
 

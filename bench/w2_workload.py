@@ -1,6 +1,6 @@
 """W2 (event-time tumbling windows) workload settings shared by the sparkpoint run and its
 Spark Structured Streaming peer, the Parquet copy of the generator's events the peer
-reads, the expected output size, and a peak-RSS probe of the process tree.
+reads, and the expected output size (CPU and memory of the process tree: bench/process_tree.py).
 
 Events: the records of `GeneratorSource(seed=7, splits=2)` (keys uniform over K, value
 0..999) with event time advancing `event_time_per_s` events per second of event time
@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
-import time
 from dataclasses import asdict, dataclass
 
 from sparkpoint.connectors.base import SlicePlan, SourceContext
@@ -156,122 +154,3 @@ def _write_one(df, base: str, files: str, i: int) -> None:
     # The file source orders new files by modification time: make it the epoch order.
     os.utime(target, (1_700_000_000 + i, 1_700_000_000 + i))
     shutil.rmtree(tmp)
-
-
-# -- peak memory (PSS) of the process tree ----------------------------------------------------------
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        tree.setdefault(ppid, []).append(int(name))
-    return tree
-
-
-def _pss_bytes(pid: int, page: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    with open(f"/proc/{pid}/statm") as f:  # no smaps_rollup (old kernel): RSS
-        return int(f.read().split()[1]) * page
-
-
-def tree_rss(root_pid: int | None = None) -> tuple[int, dict[str, list]]:
-    """(memory in bytes, {process name: [count, MB]}) of `root_pid` (default: this
-    process) and all its descendants (the Python driver, the JVM it launched, Spark's
-    Python workers), as the sum of their PSS (proportional set size: a page shared by n
-    processes counts 1/n in each), so the sum is the tree's resident memory. A plain sum
-    of RSS would count the JVM twice whenever it forks a helper (between fork and exec
-    the child shows the JVM's whole RSS) and forked Python workers' shared pages once
-    per worker."""
-    tree = _children()
-    root = root_pid or os.getpid()
-    todo, total, by_name = [root], 0, {}
-    page = os.sysconf("SC_PAGE_SIZE")
-    while todo:
-        pid = todo.pop()
-        todo.extend(tree.get(pid, ()))
-        try:
-            rss = _pss_bytes(pid, page)
-            with open(f"/proc/{pid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        # The root is the job's driver process; its Python children are Spark's workers.
-        name = "driver" if pid == root else name
-        total += rss
-        entry = by_name.setdefault(name, [0, 0.0])
-        entry[0] += 1
-        entry[1] = round(entry[1] + rss / 2**20, 1)
-    return total, by_name
-
-
-def tree_cpu_s(root_pid: int | None = None) -> float:
-    """CPU seconds (user + system) used so far by `root_pid` (default: this process) and
-    its descendants, including descendants already reaped (their time is in their
-    parent's cutime/cstime). Both cores are busy while a W1/W2 run runs, so throughput is
-    CPU-bound: the difference over a run, per event, says how much each system spends."""
-    tree = _children()
-    todo, total = [root_pid or os.getpid()], 0
-    while todo:
-        pid = todo.pop()
-        todo.extend(tree.get(pid, ()))
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def tree_rss_bytes(root_pid: int | None = None) -> int:
-    return tree_rss(root_pid)[0]
-
-
-class PeakRss:
-    """Polls the process tree's RSS every `interval_s` in a daemon thread; `reset()` at
-    the start of a run, `peak_mb` at its end."""
-
-    def __init__(self, interval_s: float = 0.2):
-        self.interval_s = interval_s
-        self._peak = 0
-        self.breakdown: dict[str, list] = {}  # at the peak: {process name: [count, MB]}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="peak-rss", daemon=True)
-        self._thread.start()
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._sample()
-            except Exception:
-                pass
-            self._stop.wait(self.interval_s)
-
-    def _sample(self) -> None:
-        total, by_name = tree_rss()
-        if total >= self._peak:
-            self._peak, self.breakdown = total, by_name
-
-    def reset(self) -> None:
-        self._peak = 0
-        self._sample()
-
-    @property
-    def peak_mb(self) -> float:
-        self._sample()
-        return round(self._peak / 2**20, 1)
-
-    def stop(self) -> None:
-        self._stop.set()

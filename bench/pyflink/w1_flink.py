@@ -30,12 +30,16 @@ import re
 import shutil
 import socket
 import statistics
+import sys
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from process_tree import tree_cpu_s  # noqa: E402 (bench/: standard library only, usable in this venv)
 
 KNOWN_BACKENDS = ("hashmap", "rocksdb")
 CKPT_INTERVAL = "1 s"
@@ -131,30 +135,6 @@ def tree_rss_bytes(root: int) -> int:
         total += rss.get(pid, 0)
         todo.extend(p for p, pp in parents.items() if pp == pid)
     return total
-
-
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds used so far by `root` and its descendants (the mini-cluster's JVM),
-    reaped ones included (a copy of bench/w2_workload.py's: this runs in its own venv)."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(name))
-        stats[int(name)] = fields
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, ()))
-        if pid in stats:
-            total += sum(int(x) for x in stats[pid][11:15])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 class RssSampler(threading.Thread):
