@@ -45,7 +45,7 @@ _PARTIAL_OF = {tables.COUNT: P_COUNT, tables.NVALUES: P_NVALUES, tables.SUM: P_S
                tables.MAX: P_MAX}
 _REDUCE = {tables.COUNT: np.add, tables.NVALUES: np.add, tables.SUM: np.add, tables.MIN: np.minimum,
            tables.MAX: np.maximum}
-_NO_END, _NO_START = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+_BEFORE_ALL, _AFTER_ALL = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 
 
 class SessionTables:
@@ -167,8 +167,8 @@ class SessionTables:
 
         has_stored = np.logical_or.reduceat(is_stored, at)
         has_new = np.logical_or.reduceat(~is_stored, at)
-        new_end = np.maximum.reduceat(np.where(is_stored, _NO_END, end), at)
-        stored_end = np.minimum.reduceat(np.where(is_stored, end, _NO_START), at)
+        new_end = np.maximum.reduceat(np.where(is_stored, _BEFORE_ALL, end), at)
+        stored_end = np.minimum.reduceat(np.where(is_stored, end, _AFTER_ALL), at)
         s_start, s_end = np.minimum.reduceat(start, at), np.maximum.reduceat(end, at)
         totals = {t: _REDUCE[t].reduceat(work.column(t).to_numpy()[order], at) for t in self.totals}
         fired = work.column(tables.FIRED).to_numpy(zero_copy_only=False)[order]
