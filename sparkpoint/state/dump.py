@@ -432,8 +432,9 @@ def _session_table_timers(table: pa.Table, desc: OperatorStateSchema) -> list[tu
     held = _in_key_order(table, desc, session_tables.START)
     keys = zip(*[held.column(k).to_pylist() for k in desc.key_columns])
     out = []
-    for k, s, e, fired in zip(keys, held.column(session_tables.START).to_pylist(),
-                              held.column(session_tables.END).to_pylist(), held.column(session_tables.FIRED).to_pylist()):
+    starts, ends, fired_flags = (held.column(c).to_pylist()
+                                 for c in (session_tables.START, session_tables.END, session_tables.FIRED))
+    for k, s, e, fired in zip(keys, starts, ends, fired_flags):
         fire = desc.output_mode == "final" and not fired
         out.append((tuple(k), s, e, "fire" if fire else "cleanup", e if fire else e + lateness))
     return out
