@@ -186,3 +186,25 @@ def test_the_running_maximum_restarts_per_key_also_where_times_are_far_apart() -
     assert _running_max(values, first).tolist() == expected
     assert _running_max(values[:4], first[:4]).tolist() == expected[:4]
     assert pa.array(_running_max(values[:0], first[:0])).to_pylist() == []
+
+
+@pytest.mark.parametrize("mode", ["final", "update"])
+def test_session_tables_tell_keys_of_two_columns_apart_null_parts_included(mode) -> None:
+    epochs = []
+    for rows in _epochs(13, False, epochs=8, keys="ab"):
+        rows["n"] = pd.array([None if t % 3 == 0 else int(t % 2) for t in rows["ts"]], dtype="Int64")
+        epochs.append(rows)
+    columns = ["k", "n", "window_start", "window_end", "count", "sum", "late"]
+
+    def rows_of(df) -> list[tuple]:
+        return sorted((tuple(None if pd.isna(v) else v for v in r) for r in df[columns].itertuples(index=False)),
+                      key=repr)
+
+    def run(cls):
+        tester = ProcessorTester(cls("s", ["k", "n"], "ts", gap=GAP, aggs=("count", "sum"), value_column="v",
+                                     allowed_lateness=3_000, output_mode=mode), watermark=("ts", DELAY))
+        out = [rows_of(tester.process(rows)) for rows in epochs]
+        return out + [rows_of(tester.finish())], tester.late_rows_dropped
+    tables, engine = run(SessionWindow), run(EngineSession)
+    assert tables == engine
+    assert any(r[1] is None for epoch in tables[0] for r in epoch)
