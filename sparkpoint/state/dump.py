@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkpoint.state import pane_tables, ttl, window_tables
+from sparkpoint.state import pane_tables, session_tables, ttl, window_tables
 from sparkpoint.state.codec import FixedWidthCodec, RowCodec
 from sparkpoint.errors import StateSchemaError
 from sparkpoint.state.descriptor import SIDES, OperatorStateSchema, StateVariable
@@ -394,6 +394,9 @@ def _read_pane_windows(entries: Entries, desc: OperatorStateSchema, batch_rows: 
         if pane_tables.holds_panes(ns, desc.window_kind):
             yield _pane_table_windows(*pane_tables.decode(value, _where(desc, g)), desc)
             continue
+        if ns == session_tables.SESSION_NS and desc.window_kind == "session":
+            yield _session_table_rows(session_tables.decode(value, _where(desc, g)), desc)
+            continue
         if ns != desc.namespace:
             continue
         keys.append(split_key(key, types).values)
@@ -419,6 +422,23 @@ def _pane_table_windows(table: pa.Table, fired_through: int, desc: OperatorState
     cols.update(_pane_aggs(desc, rec))
     cols["fired"] = held.column("fired")
     cols["late"] = pa.array(np.zeros(n, dtype=bool))
+    schema = desc.output_schema()
+    return pa.table([cols[f.name] for f in schema], schema=schema)
+
+
+def _session_table_rows(table: pa.Table, desc: OperatorStateSchema) -> pa.Table:
+    """A session window's group table (session_tables.py): one row per open session,
+    as the per-session layout held it."""
+    held = _in_key_order(table, desc, session_tables.START)
+    n = held.num_rows
+    rec = {c: held.column(c).to_numpy() for c in ("count", "nvalues", "sum", "min", "max") if c in held.column_names}
+    rec.setdefault("nvalues", np.zeros(n, np.int64))
+    cols = {k: held.column(k).cast(f.type) for k, f in zip(desc.key_columns, desc.key_fields())}
+    cols["window_start"] = held.column(session_tables.START)
+    cols["window_end"] = held.column(session_tables.END)
+    cols.update(_pane_aggs(desc, rec))
+    cols["fired"] = held.column(session_tables.FIRED)
+    cols["late"] = held.column(session_tables.LATE)
     schema = desc.output_schema()
     return pa.table([cols[f.name] for f in schema], schema=schema)
 
@@ -467,6 +487,8 @@ def _read_pane_window_timers(entries: Entries, desc: OperatorStateSchema, schema
             held, group = {}, g
         if pane_tables.holds_panes(ns, desc.window_kind):
             rows.extend(_pane_table_timers(*pane_tables.decode(value, _where(desc, g)), desc))
+        elif ns == session_tables.SESSION_NS and desc.window_kind == "session":
+            rows.extend(_session_table_timers(session_tables.decode(value, _where(desc, g)), desc))
         elif ns == desc.namespace:
             rec = codec.decode_many([value])[0]
             held[key[at:]] = (int(rec["start"]), int(rec["end"]), bool(rec["fired"]))
@@ -499,6 +521,21 @@ def _pane_table_timers(table: pa.Table, fired_through: int,
              e + lateness if fired or desc.output_mode != "final" else e)
             for k, s, e, fired in zip(keys, held.column("window_start").to_pylist(),
                                       held.column("window_end").to_pylist(), held.column("fired").to_pylist())]
+
+
+def _session_table_timers(table: pa.Table, desc: OperatorStateSchema) -> list[tuple[tuple, int, int, str, int]]:
+    """A session window's group table's sessions, each with the due entry the
+    per-session layout would hold for it."""
+    lateness = session_tables.shape(table)[0]
+    held = _in_key_order(table, desc, session_tables.START)
+    keys = zip(*[held.column(k).to_pylist() for k in desc.key_columns])
+    out = []
+    starts, ends, fired_flags = (held.column(c).to_pylist()
+                                 for c in (session_tables.START, session_tables.END, session_tables.FIRED))
+    for k, s, e, fired in zip(keys, starts, ends, fired_flags):
+        fire = desc.output_mode == "final" and not fired
+        out.append((tuple(k), s, e, "fire" if fire else "cleanup", e if fire else e + lateness))
+    return out
 
 
 def _pane_timer_table(rows: list[tuple[tuple, int, int, str, int]], desc: OperatorStateSchema,

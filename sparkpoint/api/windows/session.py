@@ -20,6 +20,12 @@ Final mode and merges: when late rows extend or bridge sessions that already fir
 the merged session fires (late=True) under its own start and end; the sessions it
 absorbed are not retracted. A reader that keeps one row per key and session keeps,
 for overlapping rows of a key, the one emitted last.
+
+State: with the one-column aggregates (count, sum, min, max, avg) a key group's open
+sessions are one Arrow table (session_table_state.py), merged with the epoch's
+partial sessions by sorting and reducing, without a loop per key; with Spark SQL
+aggregates, and in a store that held per-session state before that layout, each
+session is one record with a due entry (state.py), merged key by key (`_merge`).
 """
 
 from __future__ import annotations
@@ -33,12 +39,12 @@ import pyarrow.compute as pc
 from sparkpoint.api import event_time
 from sparkpoint.api.durations import duration_ms
 from sparkpoint.api.windows.base import WindowOperator
+from sparkpoint.api.windows.session_table_state import P_SESSION_END, P_SESSION_START, SessionTables
 from sparkpoint.api.windows.state import Windows
 from sparkpoint.errors import ConfigError
-from sparkpoint.state.interfaces import KEY_GROUP_COL
-from sparkpoint.state.keys import encode_user_keys, plain_key_tuples
+from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext
+from sparkpoint.state.keys import encode_user_keys, key_group_range, plain_key_tuples
 
-P_SESSION_START, P_SESSION_END = "__session_start", "__session_end"
 _SESSION = "__session"
 
 
@@ -98,6 +104,14 @@ class SessionWindow(WindowOperator):
                               start.alias(P_SESSION_START), end.alias(P_SESSION_END))
 
     # -- worker side ------------------------------------------------------------------
+    def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
+        if self.aggregates.sql is None:
+            self.keys.ensure(store, rows)
+            groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
+            if SessionTables.uses_tables(self, store, groups):
+                return SessionTables(self).apply(store, rows, ctx)
+        return super().apply(store, rows, ctx)
+
     def _gaps(self, rows: pa.Table) -> pa.Array:
         if self.gap_column is None:
             return pa.array(np.full(rows.num_rows, self.gap_ms, dtype=np.int64))
