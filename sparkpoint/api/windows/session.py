@@ -81,6 +81,8 @@ class SessionWindow(WindowOperator):
         from pyspark.sql import functions as F
         from pyspark.sql.types import DayTimeIntervalType
 
+        if self.gap_column is None and self.aggregates.sql is None:
+            return self._pre_aggregate_by_gap(df, carry)
         kind = event_time.spark_kind(df.schema, self.time_column, self._used_for)
         ts = F.col(self.time_column)
         if kind == event_time.MS:
@@ -102,6 +104,25 @@ class SessionWindow(WindowOperator):
             start, end = F.unix_millis(F.col(f"{_SESSION}.start")), F.unix_millis(F.col(f"{_SESSION}.end"))
         return grouped.select(*[c for c in grouped.columns if c != _SESSION],
                               start.alias(P_SESSION_START), end.alias(P_SESSION_END))
+
+    def _pre_aggregate_by_gap(self, df, carry=()):
+        """Partial sessions from a hash aggregate instead of Spark's sort-based
+        `session_window`: two rows of a key in one gap-long slice of time
+        [k*gap, (k+1)*gap) are less than a gap apart, so they are in one session, and the
+        slice's rows span [first t, last t + gap) together. The worker merges the slices
+        of a session as it merges any partial sessions (overlapping or touching spans are
+        one), so the sessions are the same; the shuffle carries at most one row per key
+        and slice. A gap per row (`gap_column`) gives no such slices, and Spark SQL
+        aggregates keep `session_window`'s fewer, larger partials for the per-window
+        engine they run on."""
+        from pyspark.sql import functions as F
+
+        ms = self.event_time_ms(df)
+        gap = F.lit(self.gap_ms)
+        grouped = df.groupBy(*self.key_columns, (ms - F.pmod(ms, gap)).alias(_SESSION)) \
+            .agg(*self.aggregates.spark_partials(), F.min(ms).alias(P_SESSION_START),
+                 (F.max(ms) + gap).alias(P_SESSION_END), *carry)
+        return grouped.drop(_SESSION)
 
     # -- worker side ------------------------------------------------------------------
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
