@@ -7,9 +7,10 @@ read per row from a column (`gap_column=`, BIGINT ms or a DAY TO SECOND interval
 Spark's session_window takes a column expression; a row whose gap is null or <= 0
 belongs to no session, as in Spark.
 
-Per epoch, Spark builds the sessions of the epoch's own rows (`session_window` in a
-batch groupBy, with the partial aggregates), and the worker merges them with the key's
-stored sessions: a partial session that overlaps stored sessions merges with all of
+Per epoch, Spark pre-aggregates the epoch's own rows into partial sessions (with a
+fixed gap and the one-column aggregates: per key and gap-long slice of time, a hash
+aggregate; else `session_window` in a batch groupBy), and the worker merges them with
+the key's stored sessions: a partial session that overlaps stored sessions merges with all of
 them (a late-ish row can bridge two sessions into one). Lateness is judged per merged
 session, as Flink judges a merged window: one that joins no stored session and ends
 at or before W - allowed lateness is dropped and its rows counted; one that joins a
