@@ -169,11 +169,15 @@ def get_or_create_spark(master: str = DEFAULT_MASTER, app_name: str = "sparkpoin
 def _quiet_task_failures(spark) -> None:
     """A task that fails makes Spark log its whole Java and Python trace (~45 lines) once
     per attempt. The job master reports every failure itself, in one line, with the full
-    trace written to a file: Spark's copy would bury that line."""
+    trace written to a file: Spark's copy would bury that line. A Python worker that fails
+    while Spark streams Arrow batches to it also makes a task completion listener log the
+    Arrow allocator's leak check with a Java trace; an error of a completion listener
+    fails its task, which the job master reports like any failed task."""
     try:
         jvm = spark.sparkContext._jvm
         level = jvm.org.apache.logging.log4j.Level.OFF
-        for name in ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager"):
+        for name in ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager",
+                     "org.apache.spark.TaskContextImpl", "org.apache.arrow.memory.BaseAllocator"):
             jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
     except Exception:  # another logging backend: Spark's messages stay as they are
         pass

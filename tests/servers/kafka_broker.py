@@ -83,12 +83,12 @@ def ensure_kafka_jars(libs_dir: Path = DEFAULT_LIBS, *, spark_connector: bool = 
     return libs_dir
 
 
-def _random_cluster_id() -> str:
+def _random_cluster_id(draw=uuid.uuid4) -> str:
     # The format `kafka-storage random-uuid` prints: url-safe base64 of 16 bytes, unpadded.
     # One in 64 starts with "-", which kafka-storage's argument parser takes for an option
     # ("--cluster-id: expected one argument"): draw again (Kafka's own tool does the same).
     while True:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = base64.urlsafe_b64encode(draw().bytes).decode().rstrip("=")
         if not cluster_id.startswith("-"):
             return cluster_id
 
