@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from sparkpoint.errors import StateSchemaError
+from sparkpoint.state import arrow_entries
 
 
 
@@ -52,8 +52,7 @@ PANE_START, COUNT, NVALUES, SUM, MIN, MAX = "pane_start", "count", "nvalues", "s
 WINDOW_START, WINDOW_END, FIRED = "window_start", "window_end", "fired"
 FIRED_THROUGH = b"fired_through"
 NEVER = -(1 << 63)  # fired_through of a group no watermark has reached
-_LAYOUT_KEY = b"sparkpoint.layout"
-_OPTIONS = pa.ipc.IpcWriteOptions()  # given, so a writer does not look up its defaults in the environment
+_LAYOUT_KEY = arrow_entries.LAYOUT_KEY
 
 
 def table_schema(key_fields: list[pa.Field], value_type: pa.DataType | None) -> pa.Schema:
@@ -79,27 +78,14 @@ def shape_metadata(kind: Kind, size_ms: int, length_ms: int, lateness_ms: int,
 
 
 def encode(table: pa.Table, shape: dict[bytes, bytes], fired_through: int) -> bytes:
-    table = table.replace_schema_metadata({**shape, FIRED_THROUGH: str(fired_through).encode()})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_OPTIONS) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return arrow_entries.encode(table.replace_schema_metadata({**shape, FIRED_THROUGH: str(fired_through).encode()}))
 
 
 def decode(raw: bytes, where: str) -> tuple[pa.Table, int]:
     """The panes of one stored entry and its `fired_through`. Raises StateSchemaError if
     it is not one."""
-    try:
-        with pa.ipc.open_stream(pa.py_buffer(raw)) as reader:
-            table = reader.read_all()
-    except pa.ArrowInvalid as e:
-        raise StateSchemaError(f"{where}: a pane table entry is not an Arrow IPC stream ({e}); the state was not "
-                               "written by a sliding or cumulate window of this version") from e
-    meta = table.schema.metadata or {}
-    if meta.get(_LAYOUT_KEY) not in _KINDS:
-        raise StateSchemaError(f"{where}: a pane table entry has the layout {meta.get(_LAYOUT_KEY)!r}, not one of "
-                               f"{sorted(_KINDS)!r}; read it with the sparkpoint version that wrote it")
-    return table, int(meta[FIRED_THROUGH])
+    table = arrow_entries.decode(raw, where, "a pane table entry", "a sliding or cumulate window", _KINDS.keys())
+    return table, int(table.schema.metadata[FIRED_THROUGH])
 
 
 def kind(table: pa.Table) -> Kind:

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from sparkpoint.errors import StateSchemaError
+from sparkpoint.state import arrow_entries
 
 SESSION_NS = "session-tables"
 LAYOUT_META = "session-layout"
 TABLES, SESSIONS = b"tables/1", b"sessions/1"
 START, END, COUNT, NVALUES, SUM, MIN, MAX, FIRED, LATE = (
     "start", "end", "count", "nvalues", "sum", "min", "max", "fired", "late")
-_LAYOUT_KEY, _LAYOUT = b"sparkpoint.layout", b"session-table/1"
-_OPTIONS = pa.ipc.IpcWriteOptions()  # given, so a writer does not look up its defaults in the environment
+_LAYOUT = b"session-table/1"
 
 
 def table_schema(key_fields: list[pa.Field], value_type: pa.DataType | None) -> pa.Schema:
@@ -46,31 +45,17 @@ def table_schema(key_fields: list[pa.Field], value_type: pa.DataType | None) -> 
 
 
 def shape_metadata(lateness_ms: int, output_mode: str) -> dict[bytes, bytes]:
-    return {_LAYOUT_KEY: _LAYOUT, b"allowed_lateness_ms": str(lateness_ms).encode(),
+    return {arrow_entries.LAYOUT_KEY: _LAYOUT, b"allowed_lateness_ms": str(lateness_ms).encode(),
             b"output_mode": output_mode.encode()}
 
 
 def encode(table: pa.Table, shape: dict[bytes, bytes]) -> bytes:
-    table = table.replace_schema_metadata(shape)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_OPTIONS) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return arrow_entries.encode(table.replace_schema_metadata(shape))
 
 
 def decode(raw: bytes, where: str) -> pa.Table:
     """The sessions of one stored entry. Raises StateSchemaError if it is not one."""
-    try:
-        with pa.ipc.open_stream(pa.py_buffer(raw)) as reader:
-            table = reader.read_all()
-    except pa.ArrowInvalid as e:
-        raise StateSchemaError(f"{where}: a session table entry is not an Arrow IPC stream ({e}); the state was "
-                               "not written by a SessionWindow of this version") from e
-    meta = table.schema.metadata or {}
-    if meta.get(_LAYOUT_KEY) != _LAYOUT:
-        raise StateSchemaError(f"{where}: a session table entry has the layout {meta.get(_LAYOUT_KEY)!r}, not "
-                               f"{_LAYOUT!r}; read it with the sparkpoint version that wrote it")
-    return table
+    return arrow_entries.decode(raw, where, "a session table entry", "a SessionWindow", [_LAYOUT])
 
 
 def shape(table: pa.Table) -> tuple[int, str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from sparkpoint.errors import StateSchemaError
+from sparkpoint.state import arrow_entries
 
 TABLE_NS = "win-table"
 OLD_RECORD_NS, OLD_FIRE_NS, OLD_CLEANUP_NS = "win", "win-fire", "win-cleanup"
@@ -31,34 +31,20 @@ LAYOUT = b"tables/1"
 ENGINE_META = "window-engine"
 ENGINE = b"tumbling-on-engine/1"
 WINDOW_START, COUNT, SUM, FIRED = "window_start", "count", "sum", "fired"
-_MARK = {b"sparkpoint.layout": b"tumbling-window-table/1"}
-_OPTIONS = pa.ipc.IpcWriteOptions()  # given, so a writer does not look up its defaults in the environment
+_LAYOUT = b"tumbling-window-table/1"
 
 
 def table_schema(key_fields: list[pa.Field], floating_sum: bool) -> pa.Schema:
     # Key fields nullable whatever the input declared, so tables written under either concatenate.
     return pa.schema([*(f.with_nullable(True) for f in key_fields), pa.field(WINDOW_START, pa.int64()), pa.field(COUNT, pa.int64()),
                       pa.field(SUM, pa.float64() if floating_sum else pa.int64()), pa.field(FIRED, pa.bool_())],
-                     metadata=_MARK)
+                     metadata={arrow_entries.LAYOUT_KEY: _LAYOUT})
 
 
 def encode(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_OPTIONS) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return arrow_entries.encode(table)
 
 
 def decode(raw: bytes, where: str) -> pa.Table:
     """The table of one stored entry. Raises StateSchemaError if it is not one."""
-    try:
-        with pa.ipc.open_stream(pa.py_buffer(raw)) as reader:
-            table = reader.read_all()
-    except pa.ArrowInvalid as e:
-        raise StateSchemaError(f"{where}: a window table entry is not an Arrow IPC stream ({e}); the state was not "
-                               "written by a TumblingWindow of this version") from e
-    if (table.schema.metadata or {}).get(b"sparkpoint.layout") != _MARK[b"sparkpoint.layout"]:
-        raise StateSchemaError(f"{where}: a window table entry has the layout "
-                               f"{(table.schema.metadata or {}).get(b'sparkpoint.layout')!r}, not "
-                               f"{_MARK[b'sparkpoint.layout']!r}; read it with the sparkpoint version that wrote it")
-    return table
+    return arrow_entries.decode(raw, where, "a window table entry", "a TumblingWindow", [_LAYOUT])
