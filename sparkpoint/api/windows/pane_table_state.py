@@ -38,12 +38,13 @@ import numpy as np
 import pyarrow as pa
 
 from sparkpoint.api import event_time
-from sparkpoint.api.aggregate import P_COUNT, P_MAX, P_MIN, P_NVALUES, P_SUM, require_key_groups
+from sparkpoint.api.aggregate import P_COUNT, P_MAX, P_MIN, P_NVALUES, P_SUM
+from sparkpoint.api.windows.group_tables import epoch_reads, keeps_tables
 from sparkpoint.api.windows.panes import P_PANE
 from sparkpoint.api.windows.state import FINAL, WINDOW_START, WINDOW_END
 from sparkpoint.state import pane_tables as tables
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext
-from sparkpoint.state.keys import group_prefix, key_group_range, namespace
+from sparkpoint.state.keys import group_prefix, namespace
 
 _NEW, _FIRED_THROUGH, _END = "__new", "__fired_through", "__end"
 _PARTIAL_OF = {tables.COUNT: P_COUNT, tables.NVALUES: P_NVALUES, tables.SUM: P_SUM, tables.MIN: P_MIN,
@@ -64,27 +65,14 @@ class PaneTables:
 
     @staticmethod
     def uses_tables(op, store, groups: range) -> bool:
-        """True once per store for the pane-table layout; a store that already holds the
-        per-window layout's records keeps that layout (recorded, so it never mixes)."""
-        meta = op.pane_table_kind.layout_meta
-        layout = store.get_meta(meta)
-        if layout is None:
-            ns = namespace(op.state_namespace)
-            layout = tables.WINDOWS if any(store.has_prefix(group_prefix(g, ns)) for g in groups) else tables.PANES
-            store.put_meta(meta, layout)
-        return layout == tables.PANES
+        """True once per store for pane tables; a store holding per-window records stays on them."""
+        return keeps_tables(store, groups, layout_meta=op.pane_table_kind.layout_meta, tables=tables.PANES,
+                            records=tables.WINDOWS, records_namespace=op.state_namespace)
 
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
         op = self.op
         w = ctx.watermark_ms
-        new = None
-        if rows.num_rows:
-            require_key_groups(rows, op.name)
-            new = self._partials(store, rows, w)
-        touched = set() if new is None else set(np.unique(new.column(KEY_GROUP_COL).to_numpy()).tolist())
-        wm = None if ctx.final else w
-        groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
-        wanted = sorted(touched | (set(groups) if ctx.final or wm is not None else set()))
+        new, touched, wm, wanted = epoch_reads(op, rows, ctx, lambda r: self._partials(store, r, w))
         held, changing, fired_through, stored = self._held(store, wanted, touched, wm, ctx.final)
         if new is not None:
             lut = np.full(max(wanted) + 1, tables.NEVER, dtype=np.int64)

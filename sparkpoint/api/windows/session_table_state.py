@@ -30,11 +30,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpoint.api import event_time
-from sparkpoint.api.aggregate import P_COUNT, P_MAX, P_MIN, P_NVALUES, P_SUM, require_key_groups
+from sparkpoint.api.aggregate import P_COUNT, P_MAX, P_MIN, P_NVALUES, P_SUM
+from sparkpoint.api.windows.group_tables import epoch_reads, keeps_tables
 from sparkpoint.api.windows.state import FINAL, WINDOW_END, WINDOW_START
 from sparkpoint.state import session_tables as tables
 from sparkpoint.state.interfaces import KEY_GROUP_COL, EpochContext
-from sparkpoint.state.keys import encode_state_key_array, group_prefix, key_group_range, namespace
+from sparkpoint.state.keys import encode_state_key_array, group_prefix, namespace
 
 # The bounds of the partial sessions Spark hands the worker (session.py's pre_aggregate).
 P_SESSION_START, P_SESSION_END = "__session_start", "__session_end"
@@ -63,26 +64,14 @@ class SessionTables:
 
     @staticmethod
     def uses_tables(op, store, groups: range) -> bool:
-        """True once per store for the session-table layout; a store that already holds
-        the per-session layout's records keeps that layout (recorded, so it never mixes)."""
-        layout = store.get_meta(tables.LAYOUT_META)
-        if layout is None:
-            ns = namespace(op.state_namespace)
-            layout = tables.SESSIONS if any(store.has_prefix(group_prefix(g, ns)) for g in groups) else tables.TABLES
-            store.put_meta(tables.LAYOUT_META, layout)
-        return layout == tables.TABLES
+        """True once per store for session tables; a store holding per-session records stays on them."""
+        return keeps_tables(store, groups, layout_meta=tables.LAYOUT_META, tables=tables.TABLES,
+                            records=tables.SESSIONS, records_namespace=op.state_namespace)
 
     def apply(self, store, rows: pa.Table, ctx: EpochContext) -> pa.Table:
         op = self.op
         w = ctx.watermark_ms
-        new = None
-        if rows.num_rows:
-            require_key_groups(rows, op.name)
-            new = self._partials(rows)
-        touched = set() if new is None else set(np.unique(new.column(KEY_GROUP_COL).to_numpy()).tolist())
-        wm = None if ctx.final else w
-        groups = key_group_range(ctx.subtask, ctx.parallelism, ctx.max_parallelism)
-        wanted = sorted(touched | (set(groups) if ctx.final or wm is not None else set()))
+        new, touched, wm, wanted = epoch_reads(op, rows, ctx, self._partials)
         held, changing, stored = self._held(store, wanted, touched, wm, ctx.final)
         if new is not None:
             held.append(new)
