@@ -10,8 +10,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from operator_support import MAX_PARALLELISM, ctx, run_partitioned, store_path, with_key_groups
-from windows_support import (AGGS, COLUMNS, as_rows, random_epochs, run_in_tester, session_reference, stored_entries,
-                             watermarks)
+from windows_support import (AGGREGATE_SETS, AGGS, as_rows, engine_then_tables, random_epochs, run_beside_the_engine,
+                             run_in_tester, session_reference, states_beside_the_engine, stored_entries,
+                             stored_namespaces, watermarks)
 
 from sparkpoint import SessionWindow
 from sparkpoint.api.windows.base import WindowOperator
@@ -49,32 +50,21 @@ def _epochs(seed: int, dynamic: bool, **kwargs):
     return random_epochs(seed=seed, gaps=GAPS if dynamic else None, **kwargs)
 
 
-def _namespaces(tester: ProcessorTester) -> set[bytes]:
-    return {k[2:3 + k[2]] for k in stored_entries(tester)}
-
-
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["fixed-gap", "gap-column"])
 @pytest.mark.parametrize("lateness", [0, 3_000], ids=["no-lateness", "lateness"])
 @pytest.mark.parametrize("mode", ["final", "update"])
 def test_session_tables_emit_what_the_per_session_engine_emits_epoch_by_epoch(mode, lateness, dynamic, seed) -> None:
     epochs = _epochs(seed, dynamic, epochs=10, keys="abcdefg")
-    engine, engine_dropped, _ = run_in_tester(lambda: _step(EngineSession, mode, lateness, dynamic), epochs, DELAY)
-    out, dropped, _ = run_in_tester(lambda: _step(SessionWindow, mode, lateness, dynamic), epochs, DELAY)
-    assert out == engine
-    assert dropped == engine_dropped > 0
+    out, dropped = run_beside_the_engine(lambda: _step(SessionWindow, mode, lateness, dynamic),
+                                         lambda: _step(EngineSession, mode, lateness, dynamic), epochs, DELAY)
+    assert dropped > 0
     assert any(r[-1] for epoch in out for r in epoch)  # late rows joined sessions behind the watermark
     expected, expected_dropped = session_reference(epochs, _gap_of(dynamic), DELAY, lateness, mode)
     assert (out, dropped) == (expected, expected_dropped)
-    restored = run_in_tester(lambda: _step(SessionWindow, mode, lateness, dynamic), epochs, DELAY, snapshot_after=4)
-    assert restored[:2] == (out, dropped)
 
 
-@pytest.mark.parametrize("aggs,value_type,columns", [
-    (("count",), "double", ["k", "window_start", "window_end", "count", "late"]),
-    (AGGS, "bigint", COLUMNS),
-    (("max", "count"), "double", ["k", "window_start", "window_end", "max", "count", "late"])],
-    ids=["count-only", "bigint-values", "two-aggregates"])
+@AGGREGATE_SETS
 @pytest.mark.parametrize("mode", ["final", "update"])
 def test_session_tables_equal_the_engine_for_each_aggregate_set(mode, aggs, value_type, columns) -> None:
     epochs = _epochs(11, True, epochs=9, keys="abcde")
@@ -109,7 +99,7 @@ def test_a_session_window_keeps_one_session_table_per_key_group_and_no_per_sessi
     tester = ProcessorTester(_step(SessionWindow, mode, 3_000, False), watermark=("ts", DELAY))
     for rows in _epochs(3, False, epochs=4, keys="abcdefgh"):
         tester.process(rows)
-    assert _namespaces(tester) == {_TABLES}
+    assert stored_namespaces(tester) == {_TABLES}
     assert len(stored_entries(tester)) <= 8  # at most one entry per key group, and 8 keys
     tester.finish()
     assert stored_entries(tester) == []
@@ -118,12 +108,9 @@ def test_a_session_window_keeps_one_session_table_per_key_group_and_no_per_sessi
 @pytest.mark.parametrize("mode", ["final", "update"])
 def test_a_store_the_per_session_engine_wrote_keeps_the_engine_after_a_restore(mode) -> None:
     epochs = _epochs(5, True, epochs=8)
-    tester = ProcessorTester(_step(EngineSession, mode, 3_000, True), watermark=("ts", DELAY))
-    out = [as_rows(tester.process(rows)) for rows in epochs[:4]]
-    tester = ProcessorTester.from_snapshot(_step(SessionWindow, mode, 3_000, True), tester.snapshot().to_json(),
-                                           watermark=("ts", DELAY))
-    out += [as_rows(tester.process(rows)) for rows in epochs[4:]]
-    assert _namespaces(tester) == {_RECORDS, namespace("session-due")}
+    out, tester = engine_then_tables(lambda: _step(EngineSession, mode, 3_000, True),
+                                     lambda: _step(SessionWindow, mode, 3_000, True), epochs, DELAY)
+    assert stored_namespaces(tester) == {_RECORDS, namespace("session-due")}
     out.append(as_rows(tester.finish()))
     expected, expected_dropped = session_reference(epochs, _gap_of(True), DELAY, 3_000, mode)
     assert (out, tester.late_rows_dropped) == (expected, expected_dropped)
@@ -157,20 +144,10 @@ def test_session_tables_split_over_three_subtasks_stay_in_their_key_groups_and_e
 
 @pytest.mark.parametrize("mode", ["final", "update"])
 def test_the_state_reader_reads_session_tables_as_the_engine_held_its_sessions(mode) -> None:
-    testers = [ProcessorTester(_step(SessionWindow, mode, 3_000, True), watermark=("ts", DELAY)) for _ in range(2)]
     state_columns = ["k", "window_start", "window_end", "count", "sum", "min", "max", "avg", "fired", "late"]
     seen = 0
-    for rows in _epochs(9, True, epochs=8):
-        states, timers = [], []
-        for tester, engine in zip(testers, (False, True)):
-            with pytest.MonkeyPatch.context() as patch:
-                if engine:
-                    patch.setattr(SessionTables, "uses_tables", staticmethod(lambda op, store, groups: False))
-                tester.process(rows)
-            state = tester.state()
-            states.append(sorted(tuple(None if v != v else v for v in r)
-                                 for r in state[state_columns].itertuples(index=False, name=None)))
-            timers.append(sorted(tester.timers().itertuples(index=False, name=None)))
+    for states, timers in states_beside_the_engine(lambda: _step(SessionWindow, mode, 3_000, True), SessionTables,
+                                                   _epochs(9, True, epochs=8), DELAY, state_columns):
         assert states[0] == states[1]
         assert timers[0] == timers[1]
         seen += len(states[0])

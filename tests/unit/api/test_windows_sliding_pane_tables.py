@@ -6,8 +6,9 @@ with late rows; and a store the engine wrote keeps the engine."""
 from __future__ import annotations
 
 import pytest
-from windows_support import (AGGS, COLUMNS, as_rows, fixed_reference, random_epochs, run_in_tester, sliding_windows_of,
-                             stored_entries)
+from windows_support import (AGGREGATE_SETS, AGGS, as_rows, engine_then_tables, fixed_reference, random_epochs,
+                             run_beside_the_engine, run_in_tester, sliding_windows_of, states_beside_the_engine,
+                             stored_entries, stored_namespaces)
 
 from sparkpoint import SlidingWindow
 from sparkpoint.api.windows.pane_table_state import PaneTables
@@ -32,33 +33,20 @@ def _step(cls, mode: str, lateness: int, size: int, slide: int, aggs=AGGS, value
                value_type=value_type)
 
 
-def _namespaces(tester: ProcessorTester) -> set[bytes]:
-    return {k[2:3 + k[2]] for k in stored_entries(tester)}
-
-
 @pytest.mark.parametrize("size,slide", [(10_000, 5_000), (10_000, 4_000), (6_000, 6_000), (30_000, 2_000)],
                          ids=["slide-divides-size", "pane-is-gcd", "tumbling", "fifteen-windows"])
 @pytest.mark.parametrize("lateness", [0, 3_000], ids=["no-lateness", "lateness"])
 @pytest.mark.parametrize("mode", ["final", "update"])
 def test_pane_tables_emit_what_the_per_window_engine_emits_epoch_by_epoch(mode, lateness, size, slide) -> None:
     epochs = random_epochs(seed=size + slide + lateness + 1, epochs=9, keys="abcdefg", jitter=size + 10_000)
-    engine, engine_dropped, _ = run_in_tester(lambda: _step(EngineSliding, mode, lateness, size, slide), epochs, DELAY)
-    out, dropped, tester = run_in_tester(lambda: _step(SlidingWindow, mode, lateness, size, slide), epochs, DELAY)
-    assert out == engine
-    assert dropped == engine_dropped
+    out, dropped = run_beside_the_engine(lambda: _step(SlidingWindow, mode, lateness, size, slide),
+                                         lambda: _step(EngineSliding, mode, lateness, size, slide), epochs, DELAY)
     assert dropped > 0 or size > 10_000  # late rows beyond the lateness (long windows: rarely)
     expected, expected_dropped = fixed_reference(epochs, sliding_windows_of(size, slide), DELAY, lateness, mode)
     assert (out, dropped) == (expected, expected_dropped)
-    restored = run_in_tester(lambda: _step(SlidingWindow, mode, lateness, size, slide), epochs, DELAY,
-                             snapshot_after=4)
-    assert restored[:2] == (out, dropped)
 
 
-@pytest.mark.parametrize("aggs,value_type,columns", [
-    (("count",), "double", ["k", "window_start", "window_end", "count", "late"]),
-    (AGGS, "bigint", COLUMNS),
-    (("max", "count"), "double", ["k", "window_start", "window_end", "max", "count", "late"])],
-    ids=["count-only", "bigint-values", "two-aggregates"])
+@AGGREGATE_SETS
 @pytest.mark.parametrize("mode", ["final", "update"])
 def test_pane_tables_equal_the_engine_for_each_aggregate_set(mode, aggs, value_type, columns) -> None:
     epochs = random_epochs(seed=11, epochs=9, keys="abcde")
@@ -74,19 +62,16 @@ def test_a_sliding_window_keeps_one_pane_table_per_key_group_and_no_per_window_e
     tester = ProcessorTester(_step(SlidingWindow, mode, 3_000, 10_000, 5_000), watermark=("ts", DELAY))
     for rows in random_epochs(seed=3, epochs=4, keys="abcdefgh"):
         tester.process(rows)
-    assert _namespaces(tester) == {_PANES}
+    assert stored_namespaces(tester) == {_PANES}
     assert len(stored_entries(tester)) <= 8  # at most one entry per key group, and 8 keys
 
 
 @pytest.mark.parametrize("mode", ["final", "update"])
 def test_a_store_the_per_window_engine_wrote_keeps_the_engine_after_a_restore(mode) -> None:
     epochs = random_epochs(seed=5, epochs=8)
-    tester = ProcessorTester(_step(EngineSliding, mode, 3_000, 10_000, 4_000), watermark=("ts", DELAY))
-    out = [as_rows(tester.process(rows)) for rows in epochs[:4]]
-    tester = ProcessorTester.from_snapshot(_step(SlidingWindow, mode, 3_000, 10_000, 4_000),
-                                           tester.snapshot().to_json(), watermark=("ts", DELAY))
-    out += [as_rows(tester.process(rows)) for rows in epochs[4:]]
-    assert _namespaces(tester) == {_RECORDS, namespace("hop-due")}
+    out, tester = engine_then_tables(lambda: _step(EngineSliding, mode, 3_000, 10_000, 4_000),
+                                     lambda: _step(SlidingWindow, mode, 3_000, 10_000, 4_000), epochs, DELAY)
+    assert stored_namespaces(tester) == {_RECORDS, namespace("hop-due")}
     out.append(as_rows(tester.finish()))
     expected, expected_dropped = fixed_reference(epochs, sliding_windows_of(10_000, 4_000), DELAY, 3_000, mode)
     assert (out, tester.late_rows_dropped) == (expected, expected_dropped)
@@ -95,19 +80,8 @@ def test_a_store_the_per_window_engine_wrote_keeps_the_engine_after_a_restore(mo
 @pytest.mark.parametrize("mode", ["final", "update"])
 def test_the_state_reader_reads_pane_tables_as_the_engine_held_its_windows(mode) -> None:
     """Windows held, their totals, fired flags and timers; `late` is not kept by pane tables."""
-    testers = [ProcessorTester(_step(SlidingWindow, mode, 3_000, 10_000, 4_000), watermark=("ts", DELAY))
-               for _ in range(2)]
     state_columns = ["k", "window_start", "window_end", "count", "sum", "min", "max", "avg", "fired"]
-    for rows in random_epochs(seed=9, epochs=8):
-        states, timers = [], []
-        for tester, engine in zip(testers, (False, True)):
-            with pytest.MonkeyPatch.context() as patch:
-                if engine:
-                    patch.setattr(PaneTables, "uses_tables", staticmethod(lambda op, store, groups: False))
-                tester.process(rows)
-            state = tester.state()
-            states.append(sorted(tuple(None if v != v else v for v in r)
-                                 for r in state[state_columns].itertuples(index=False, name=None)))
-            timers.append(sorted(tester.timers().itertuples(index=False, name=None)))
+    for states, timers in states_beside_the_engine(lambda: _step(SlidingWindow, mode, 3_000, 10_000, 4_000),
+                                                   PaneTables, random_epochs(seed=9, epochs=8), DELAY, state_columns):
         assert states[0] == states[1] and states[0]
         assert timers[0] == timers[1]

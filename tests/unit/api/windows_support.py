@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import pandas as pd
+import pytest
 
 from sparkpoint.testing import ProcessorTester
 
@@ -255,3 +256,64 @@ def run_in_subtasks(state_dir, step, epochs: list[pd.DataFrame], delay: int, par
         context = ctx(e, None, final=True) if rows is None else ctx(e, marks[e])
         outputs.append(as_rows(run_partitioned(state_dir, step, table, context, parallelism).to_pandas()))
     return outputs
+
+
+# -- group tables beside the per-window engine ---------------------------------------------
+# Sliding, cumulate and session windows with one-column aggregates keep one Arrow table
+# per key group; each is checked against the per-window engine it replaced.
+AGGREGATE_SETS = pytest.mark.parametrize("aggs,value_type,columns", [
+    (("count",), "double", ["k", "window_start", "window_end", "count", "late"]),
+    (AGGS, "bigint", COLUMNS),
+    (("max", "count"), "double", ["k", "window_start", "window_end", "max", "count", "late"])],
+    ids=["count-only", "bigint-values", "two-aggregates"])
+
+
+def run_beside_the_engine(make_tables: Callable[[], object], make_engine: Callable[[], object],
+                          epochs: list[pd.DataFrame], delay: int) -> tuple[list[list[tuple]], int]:
+    """Each epoch's output (then finish()'s) and the rows dropped of a step on group
+    tables, once checked to equal the per-window engine's epoch by epoch and a run
+    restored from a snapshot after epoch 4."""
+    engine, engine_dropped, _ = run_in_tester(make_engine, epochs, delay)
+    out, dropped, _ = run_in_tester(make_tables, epochs, delay)
+    assert out == engine
+    assert dropped == engine_dropped
+    restored = run_in_tester(make_tables, epochs, delay, snapshot_after=4)
+    assert restored[:2] == (out, dropped)
+    return out, dropped
+
+
+def engine_then_tables(make_engine: Callable[[], object], make_tables: Callable[[], object],
+                       epochs: list[pd.DataFrame], delay: int) -> tuple[list[list[tuple]], ProcessorTester]:
+    """The outputs of the first 4 epochs on the per-window engine, then of the rest on a
+    group-table step restored from the engine's snapshot; and that tester, before the
+    end of input."""
+    tester = ProcessorTester(make_engine(), watermark=("ts", delay))
+    out = [as_rows(tester.process(rows)) for rows in epochs[:4]]
+    tester = ProcessorTester.from_snapshot(make_tables(), tester.snapshot().to_json(), watermark=("ts", delay))
+    out += [as_rows(tester.process(rows)) for rows in epochs[4:]]
+    return out, tester
+
+
+def states_beside_the_engine(make_step: Callable[[], object], layout: type, epochs: list[pd.DataFrame], delay: int,
+                             columns: list[str]) -> Iterator[tuple[list[list[tuple]], list[list[tuple]]]]:
+    """Per epoch, the state rows (`columns`) and the timers the state reader reads from
+    two testers of the step: [0] on group tables, [1] kept on the per-window layout
+    (`layout.uses_tables` answering no)."""
+    testers = [ProcessorTester(make_step(), watermark=("ts", delay)) for _ in range(2)]
+    for rows in epochs:
+        states, timers = [], []
+        for tester, engine in zip(testers, (False, True)):
+            with pytest.MonkeyPatch.context() as patch:
+                if engine:
+                    patch.setattr(layout, "uses_tables", staticmethod(lambda op, store, groups: False))
+                tester.process(rows)
+            state = tester.state()
+            states.append(sorted(tuple(None if v != v else v for v in r)
+                                 for r in state[columns].itertuples(index=False, name=None)))
+            timers.append(sorted(tester.timers().itertuples(index=False, name=None)))
+        yield states, timers
+
+
+def stored_namespaces(tester: ProcessorTester) -> set[bytes]:
+    """The namespaces of the keyed entries in the tester's store (stored_entries)."""
+    return {k[2:3 + k[2]] for k in stored_entries(tester)}
