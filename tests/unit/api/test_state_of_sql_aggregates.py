@@ -15,10 +15,11 @@ from test_windows_sql_aggregates import AGGS, NAMES, with_strings
 from windows_support import as_rows, random_epochs, watermarks
 
 from sparkpoint import CumulateWindow, KeyedAggregate, SessionWindow, SlidingWindow, TumblingWindow
-from sparkpoint.api.state_schema import describe
+from sparkpoint.api.state_schema import complete_from_store, describe, sql_partials
 from sparkpoint.errors import StateSchemaError
 from sparkpoint.state import dump
 from sparkpoint.state.descriptor import OperatorStateSchema
+from sparkpoint.state.key_decode import split_namespace
 from sparkpoint.testing import ProcessorTester
 
 DELAY, LATENESS = 2_000, 3_000
@@ -110,3 +111,33 @@ def test_the_recorded_schema_of_sql_aggregates_round_trips_and_reads_without_the
         fresh.with_key_schema(desc.key_schema).output_schema()
     with pytest.raises(StateSchemaError, match="keeps Spark SQL aggregate partials"):
         list(dump.read_state([], desc))
+
+
+@pytest.mark.parametrize("lost", ["partials", "record"])
+def test_the_state_reader_refuses_a_key_group_whose_window_records_and_partials_do_not_pair(lost: str) -> None:
+    """A window with Spark SQL aggregates keeps its record and its partials in two
+    namespaces; a key group holding one without the other was not written by this step,
+    and the reader says so in one line naming the group rather than reading half a window."""
+    tester = ProcessorTester(WINDOWS["sliding"](), watermark=("ts", DELAY))
+    for rows in with_strings(random_epochs(seed=13))[:3]:
+        tester.process(rows)
+    state = tester._open_state()
+    try:
+        desc = complete_from_store(describe(tester.step), state.store.get_meta)
+        entries = list(state.store.scan_range(b"", None))
+    finally:
+        state.store.discard_pending()
+        state.close(keep=True)
+    records = [k for k, _ in entries if split_namespace(k)[1] == desc.namespace]
+    parts = [k for k, _ in entries if split_namespace(k)[1] == desc.namespace + "-parts"]
+    group = split_namespace(records[0])[0]
+    held = sum(split_namespace(k)[0] == group for k in records)
+    assert held == sum(split_namespace(k)[0] == group for k in parts) > 0
+    gone = next(k for k in (parts if lost == "partials" else records) if split_namespace(k)[0] == group)
+    kept = [(k, v) for k, v in entries if k != gone]
+    n_records, n_partials = (held, held - 1) if lost == "partials" else (held - 1, held)
+    with pytest.raises(StateSchemaError) as refused:
+        list(dump.read_state(kept, desc, partials=sql_partials(desc)))
+    assert str(refused.value) == (f"window step 'w': key group {group} holds {n_records} window records and "
+                                  f"{n_partials} aggregate partials, not one of each per window; its state is not "
+                                  "one this step wrote")
