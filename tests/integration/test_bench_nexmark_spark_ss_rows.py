@@ -37,6 +37,7 @@ HIGH = 10**12  # above every generated price (at most 10^8 cents)
 SENTINEL_ID = {"person": ("id", -1), "auction": ("seller", -1), "bid": ("auction", -3)}
 # The column of each query's output that carries the sentinel's id.
 SENTINEL_COLUMN = {"q5": ("auction", -3), "q7": ("auction", -3), "q8": ("id", -1)}
+READS = {"q5": ["bid"], "q7": ["bid"], "q8": ["person", "auction"]}
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +107,13 @@ def _spark_ss_rows(spark, spark_ss, query: str, input_dir: Path, work: Path) -> 
     spark_ss.configure(spark)
     rss = spark_ss.PeakRss()
     try:
-        spark_ss.run_query(spark, query, str(input_dir), str(work), 1, rss, timeout_s=300,
-                           output_dir=str(work / "out"))
+        measured = spark_ss.run_query(spark, query, str(input_dir), str(work), 1, rss, timeout_s=300,
+                                      output_dir=str(work / "out"))
     finally:
         rss.stop()
+    # Events/s counts each event once, also where the query reads a stream twice (q7).
+    read = sum(pq.ParquetFile(f).metadata.num_rows for s in READS[query] for f in (input_dir / s).glob("*.parquet"))
+    assert measured["events"] == read, f"{query}: {measured['events']} events measured, the input has {read}"
     table = ds.dataset(str(work / "out"), format="parquet", partitioning="hive").to_table()
     return table.drop_columns(["batch"]).to_pandas()
 
