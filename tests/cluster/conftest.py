@@ -1,4 +1,6 @@
-"""A real Spark standalone cluster (master + 2 one-core workers) per test module.
+"""A real Spark standalone cluster (master + 2 one-core workers) that the cluster tests
+share: a cluster costs a master's and two workers' JVM starts. Every test begins with
+both workers up (`_all_workers_alive` replaces one an earlier test killed).
 
 Each worker has a private tmpfs at the same absolute path (`cluster.state_path`): the
 executor's own local disk, invisible to the driver and to the other worker. See
@@ -15,17 +17,36 @@ import pytest
 from tests.servers.spark_cluster import StandaloneCluster, spark_conf
 
 
-@pytest.fixture(scope="module")
+# The cluster the tests under tests/cluster share; started by the first test that asks for
+# it and stopped once a test that needs none follows (or the run ends), so its JVMs do not
+# idle through the rest of the run.
+_running: list[StandaloneCluster] = []
+
+
+@pytest.fixture
 def cluster(tmp_path_factory):
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
         pytest.skip("the cluster harness needs Linux and `unshare` (per-worker mount namespaces)")
-    root = tmp_path_factory.mktemp("cluster")
-    c = StandaloneCluster(root, workers=2, state_path=root / "executor-state")
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
+    if not _running:
+        root = tmp_path_factory.mktemp("cluster")
+        _running.append(StandaloneCluster(root, workers=2, state_path=root / "executor-state").start())
+    return _running[0]
+
+
+def _stop_cluster() -> None:
+    while _running:
+        _running.pop().stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # the test's own fixtures are torn down first: they may still use the cluster
+    if _running and (nextitem is None or "cluster" not in getattr(nextitem, "fixturenames", ())):
+        _stop_cluster()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _stop_cluster()
 
 
 @pytest.fixture(autouse=True)

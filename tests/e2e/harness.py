@@ -72,6 +72,9 @@ class Job:
             "restart-strategy.type=fixed-delay",
             "restart-strategy.fixed-delay.delay=200 ms",
             "parallelism.default=2",
+            # The oracles cut epochs where the sources' limits cut them; a loaded machine
+            # must not make the epoch sizer cut them elsewhere (its own tests turn it on).
+            "sparkpoint.epoch.max-duration=0",
             *self.sets,
             *(extra or []),
         ]
