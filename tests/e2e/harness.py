@@ -72,6 +72,10 @@ class Job:
             "restart-strategy.type=fixed-delay",
             "restart-strategy.fixed-delay.delay=200 ms",
             "parallelism.default=2",
+            # Epochs are never cut by time: update-mode oracles (chaos_oracles.aggregate_updates)
+            # fold fixed-size epochs, and on a loaded machine an epoch can outlast the sizer's
+            # ceiling (a quarter of the checkpoint timeout), which cuts the next ones smaller.
+            "sparkpoint.epoch.max-duration=0",
             *self.sets,
             *(extra or []),
         ]
