@@ -72,8 +72,9 @@ class Job:
             "restart-strategy.type=fixed-delay",
             "restart-strategy.fixed-delay.delay=200 ms",
             "parallelism.default=2",
-            # The oracles cut epochs where the sources' limits cut them; a loaded machine
-            # must not make the epoch sizer cut them elsewhere (its own tests turn it on).
+            # Epochs are never cut by time: update-mode oracles (chaos_oracles.aggregate_updates)
+            # fold fixed-size epochs, and on a loaded machine an epoch can outlast the sizer's
+            # ceiling (a quarter of the checkpoint timeout), which cuts the next ones smaller.
             "sparkpoint.epoch.max-duration=0",
             *self.sets,
             *(extra or []),

@@ -6,7 +6,10 @@ a second deployment of the running job is refused; checkpoint storage becomes
 unreachable for twice the lease ttl while the job runs (it keeps processing, pauses
 committing, then holds its lease again and checkpoints complete); the run is
 SIGKILLed, its newest checkpoint is damaged in storage, and the restart falls back to
-the older one with an alarm; that run is SIGKILLed too and the last one finishes.
+the older one with an alarm; that run is SIGKILLed too, inside a checkpoint's
+asynchronous part (its Python workers die mid-upload), and the last one finishes.
+The same crash moment in one process, with the lease and id checks, is
+tests/integration/test_crash_restore.py (seed 002).
 
 The expected output is computed from the generator's input (tests/e2e/chaos_oracles.py):
 no event is late (disorder 1 s, watermark delay 2 s), so the windows do not depend on
@@ -45,6 +48,9 @@ LEASE_TTL_S = 4  # the harness runs every job with sparkpoint.lease.ttl=4 s
 # stay within tolerable-failed-checkpoints (10): the outage alone must not fail over.
 OUTAGE_S = 2 * LEASE_TTL_S + 0.5
 TIMEOUT = 240  # seconds, per step; the machine is small and shared
+# Every state upload sleeps 1.5 s (the restarted run only), so a kill right after one
+# starts lands inside it.
+SLOW_ASYNC = 'sparkpoint.faults=[{participant: "state:*", action: slow_ack, seconds: 1.5}]'
 PROGRESS = re.compile(rf"^\[{NAME}\] RUNNING epoch (\d+) ")
 
 
@@ -138,12 +144,19 @@ def _chaos(tmp_path: Path, runs: dict[str, Proc]) -> None:
     latest, older, victim = kill_when(first, damage_target, TIMEOUT)
     flipped_bytes(Path(layout.join(victim.path)), at=0)
 
-    restarted = runs["restarted"] = job.start()
+    # (b) This run is SIGKILLed inside a checkpoint's asynchronous part: its state
+    # uploads are slowed so the kill lands while its Python workers are uploading.
+    restarted = runs["restarted"] = job.start([SLOW_ASYNC])
     alarm = _index_of(restarted, rf"ALARM checkpoint {latest} of job {NAME} is corrupt and is skipped; "
                                  rf"falling back .*{re.escape(victim.name)}")
     _index_of(restarted, rf"\[{NAME}\] resuming from checkpoint {older} \(epoch \d+, taken ", alarm)
-    wait_completed(restarted, 2, TIMEOUT)
+    wait_completed(restarted, 1, TIMEOUT)
+    at = restarted.wait_for(r"checkpoint (\d+): asynchronous part of state:\S+ started", timeout=TIMEOUT,
+                            start_at=len(restarted.lines))  # of a checkpoint after the completed one
+    time.sleep(0.3)
+    in_flight = restarted.count(rf"completed checkpoint {at.group(1)} of job") == 0
     restarted.kill9()
+    assert in_flight, f"the kill was meant to land inside the asynchronous part of checkpoint {at.group(1)}"
     before_last = completed_checkpoints(fs, layout)
 
     # (b) The second restart runs to the end.

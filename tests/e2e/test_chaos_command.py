@@ -2,7 +2,7 @@
 
 A short variant: the demo reads DEMO_EVENTS (fewer events), `--set` checkpoints every
 second, one SIGKILL in the kill9 scenario (the storms of test_chaos_storm.py and
-test_exactly_once_kill.py kill more often). The command runs as a real subprocess; it
+test_chaos.py kill more often). The command runs as a real subprocess; it
 starts the real `sparkpoint run` processes itself and compares their committed output
 with its own fault-free run's (that reference run is the command's feature under test).
 """
