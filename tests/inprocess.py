@@ -70,6 +70,10 @@ DEFAULTS: dict[str, Any] = {
     "sparkpoint.lease.ttl": LEASE_TTL,
     "restart-strategy.type": "fixed-delay",
     "restart-strategy.fixed-delay.delay": "100 ms",
+    # Epochs are never cut by time: the oracles fold epochs of the sources' own sizes, and
+    # on a loaded machine an epoch can outlast the sizer's ceiling (a quarter of the
+    # checkpoint timeout), which cuts the next ones smaller.
+    "sparkpoint.epoch.max-duration": 0,
 }
 
 
