@@ -163,13 +163,11 @@ def latencies(send_ms: np.ndarray, keys_of_events: np.ndarray, out: dict[str, np
     order = np.lexsort((out["arrival"], out["key"]))  # by key, then arrival
     o_key, o_arr, o_max = out["key"][order], out["arrival"][order], out["max_ms"][order] - base
     # Running max per key: a later record can carry a smaller max only after a replay
-    # (at-least-once); the first record reaching a time stays the one that answered.
-    run_max = o_max.copy()
-    for i in range(1, len(run_max)):  # noqa: vectorising a grouped cummax is not worth it here
-        if o_key[i] == o_key[i - 1] and run_max[i - 1] > run_max[i]:
-            run_max[i] = run_max[i - 1]
-    shift = np.int64(1) << 42  # ms offsets of a run stay far below 2^42
-    composite = o_key * shift + run_max
+    # (at-least-once); the first record reaching a time stays the one that answered. With
+    # the key in the high bits (offsets stay far below 2^42 ms), a plain running max over
+    # the key-sorted records restarts at each key.
+    shift = np.int64(1) << 42
+    composite = np.maximum.accumulate(o_key * shift + o_max)
     wanted = keys_of_events * shift + (send_ms - base)
     idx = np.searchsorted(composite, wanted, side="left")
     found = idx < len(composite)
