@@ -9,25 +9,30 @@ checkpoints every 1 s, local mini-cluster.
 
 A discarded warm-up job of --warmup-s first (same JVM), then the measured job of --duration-s.
 
-Source, steady: Flink's FLIP-27 `DataGeneratorSource` with `RateLimiterStrategy.perSecond(rate)`
-(a Guava rate limiter per subtask at rate / 2, acquired once per record, so events are spaced
-evenly), emitting rate × duration events, then ending. The SQL `datagen` connector is not used:
-in Flink 2.3 it is still the legacy `DataGeneratorSource` SourceFunction, which emits each second's
-rate / 2 rows per subtask in one burst at the start of the second and then sleeps; a burst per
-second is not a steady rate. Its generator function is a four-line Java class (compiled with
-`javac` into the work directory at start, no Python UDF in the job) returning
-(event number, `System.currentTimeMillis()`), so:
-Event-in time: the wall clock at which the source subtask generates the event, inside the rate
-limiter's schedule: the event's arrival. Had the job back-pressured the source, events would
-arrive later than the ideal T0 + n / rate and that wait would be missing from the latency;
-`source_rate` (events / span of their arrival times) says whether the source kept the rate.
+Source, steady: Flink's FLIP-27 `DataGeneratorSource` (two splits, one per subtask) emitting
+rate × duration events, then ending, whose generator function is a small Java class (compiled
+with `javac` into the work directory at start; no Python UDF in the job) that paces each subtask
+to rate / 2 events per second: its k-th event is due at start + k / (rate / 2), and the function
+waits while it is more than 1 ms ahead of that schedule. The SQL `datagen` connector is not used:
+in Flink 2.3 it is still the legacy `DataGeneratorSource` SourceFunction, which emits each
+second's rate / 2 rows per subtask in one burst at the start of the second, then sleeps. Flink's
+`RateLimiterStrategy.perSecond` (a Guava limiter acquired per record) was tried first: on this
+2-core machine under a load average of 15-18 the source reached 21-26k events/s at --rate 50000
+with it and with the pacing function alike: the job, not the limiter, held the source back.
+Event-in time: the event's due time on the steady schedule (the subtask's first event's wall
+clock + k / (rate / 2)): the ideal arrival, as bench/latency.py's T0 + g / rate for sparkpoint.
+An event is generated up to 1 ms before it is due, or later when the job holds the source back;
+that wait is part of the latency measured. Its generation wall clock travels with it too:
+`source_behind_p99_ms` / `source_behind_max_ms` (generation − arrival) and `source_rate`
+(events / span of generation times) say whether the source kept the rate.
 Key = RAND_INTEGER(K), value = RAND_INTEGER(1000), computed columns in SQL (uniform, like the
 W1 peer; not the generator's exact events).
 
-Query: `SELECT key, COUNT(*), SUM(value), MAX(arrival), LAST_VALUE(arrival) FROM events GROUP BY
-key` (no mini-batch: Flink emits one update per input event, so each +I/+U row is one event and
-LAST_VALUE(arrival) is that event's arrival). Its changelog (`to_changelog_stream`) goes straight
-into a DataStream `FileSink` (row format, `Row.toString` lines such as `+U[7, 3, 1500, t, t]`,
+Query: `SELECT key, COUNT(*), SUM(value), MAX(arrival), LAST_VALUE(arrival),
+LAST_VALUE(generated) FROM events GROUP BY key` (no mini-batch: Flink emits one update per input
+event, so each +I/+U row is one event and LAST_VALUE(arrival) is that event's arrival; the script
+checks that the committed output holds exactly one +I/+U row per event). Its changelog (`to_changelog_stream`) goes straight
+into a DataStream `FileSink` (row format, `Row.toString` lines such as `+U[7, 3, 1500, t, t, t']`,
 on-checkpoint rolling policy): its part files are in progress (hidden, `.part-*.inprogress.*`)
 until the checkpoint covering them completes, then renamed to their final name: exactly-once
 output, visible when the checkpoint commits. The -U rows are in the files too and are skipped
@@ -44,8 +49,9 @@ minus the event's arrival. p50/p99/max/mean over every event whose arrival is af
 Prints one `RESULT {json}` line: system "pyflink", config, workload "latency", rate,
 latency_p50_ms, latency_p99_ms, latency_max_ms, latency_mean_ms, events (input events of the
 measured run), events_measured, commits (watcher polls at which new finished files appeared:
-the commits seen), keys, duration_s, part_files, source_rate, peak_rss_mb (this process + the
-mini-cluster JVM), loadavg_1m_after, flink_version.
+the commits seen), keys, duration_s, part_files, source_rate, source_behind_p99_ms,
+source_behind_max_ms, wall_s, peak_rss_mb (this process + the mini-cluster JVM),
+loadavg_1m_after, flink_version.
 
 Must run with the PyFlink virtualenv's python (apache-flink 2.x), not the project's venv; needs a
 JDK (javac, jar) on PATH or under JAVA_HOME.
@@ -76,14 +82,43 @@ CONFIG = "hashmap-ckpt-1s-filesink-exactly-once"
 GENERATOR_CLASS = "sparkpoint.bench.ArrivalStamp"
 GENERATOR_SOURCE = """package sparkpoint.bench;
 
-import org.apache.flink.api.java.tuple.Tuple2;
+import java.util.concurrent.locks.LockSupport;
+import org.apache.flink.api.java.tuple.Tuple3;
 import org.apache.flink.connector.datagen.source.GeneratorFunction;
 
-/** Event n and its arrival: the wall clock when the rate-limited source generates it. */
-public class ArrivalStamp implements GeneratorFunction<Long, Tuple2<Long, Long>> {
+/**
+ * Event n of a subtask's steady schedule: (n, its arrival, its generation), epoch ms. Arrival is
+ * the time the schedule gives it, start + k / rate for the subtask's k-th event; generation is
+ * the wall clock when it was generated, later than its arrival when the job holds the source back.
+ */
+public class ArrivalStamp implements GeneratorFunction<Long, Tuple3<Long, Long, Long>> {
+    private final double nanosPerEvent;
+    private transient long startNanos;
+    private transient long startMillis;
+    private transient long generated;
+
+    public ArrivalStamp(double eventsPerSecondPerSubtask) {
+        this.nanosPerEvent = 1e9 / eventsPerSecondPerSubtask;
+    }
+
     @Override
-    public Tuple2<Long, Long> map(Long n) {
-        return Tuple2.of(n, System.currentTimeMillis());
+    public Tuple3<Long, Long, Long> map(Long n) {
+        long now = System.nanoTime();
+        if (generated == 0) {
+            startNanos = now;
+            startMillis = System.currentTimeMillis();
+        }
+        double offset = generated++ * nanosPerEvent;
+        long due = startNanos + (long) offset;
+        // Ahead of the schedule by more than 1 ms: wait for it, a millisecond at a time so the
+        // source thread's mailbox (checkpoint barriers) is not held up. Within 1 ms: emitted at
+        // once, up to 1 ms before its arrival.
+        while (due - now > 1_000_000L) {
+            LockSupport.parkNanos(Math.min(due - now, 1_000_000L));
+            now = System.nanoTime();
+        }
+        long arrival = startMillis + Math.round(offset / 1e6);
+        return Tuple3.of(n, arrival, startMillis + (now - startNanos) / 1_000_000L);
     }
 }
 """
@@ -144,8 +179,8 @@ def stream_env(root: str, rest_port: int, jar: str):
     return env, t_env
 
 
-def rate_limited_source(events: int, rate: int):
-    """Java DataGeneratorSource(ArrivalStamp, events, perSecond(rate)) wrapped for PyFlink."""
+def paced_source(events: int, rate: int):
+    """Java DataGeneratorSource(ArrivalStamp(rate / parallelism), events) wrapped for PyFlink."""
     from pyflink.datastream.connectors import Source
     from pyflink.java_gateway import get_gateway
     from pyflink.util.java_utils import load_java_class
@@ -153,14 +188,12 @@ def rate_limited_source(events: int, rate: int):
     gateway = get_gateway()
     jvm = gateway.jvm
     cls = load_java_class(GENERATOR_CLASS)
-    function = cls.getDeclaredConstructor(gateway.new_array(jvm.Class, 0)).newInstance(
-        gateway.new_array(jvm.Object, 0))
+    function = cls.getDeclaredConstructor(_java_array(gateway, jvm.Class, [jvm.java.lang.Double.TYPE])).newInstance(
+        _java_array(gateway, jvm.Object, [jvm.java.lang.Double(float(rate) / PARALLELISM)]))
     long_type = jvm.org.apache.flink.api.common.typeinfo.Types.LONG
     type_info = jvm.org.apache.flink.api.common.typeinfo.Types.TUPLE(
-        _java_array(gateway, jvm.org.apache.flink.api.common.typeinfo.TypeInformation, [long_type, long_type]))
-    strategy = jvm.org.apache.flink.api.connector.source.util.ratelimit.RateLimiterStrategy.perSecond(float(rate))
-    return Source(jvm.org.apache.flink.connector.datagen.source.DataGeneratorSource(
-        function, events, strategy, type_info))
+        _java_array(gateway, jvm.org.apache.flink.api.common.typeinfo.TypeInformation, [long_type] * 3))
+    return Source(jvm.org.apache.flink.connector.datagen.source.DataGeneratorSource(function, events, type_info))
 
 
 def _java_array(gateway, cls, items):
@@ -203,21 +236,23 @@ class Watcher(threading.Thread):
 
 
 def read_updates(out_dir: str, first_seen: dict[str, float]) -> tuple[np.ndarray, ...]:
-    """(key, max arrival, event arrival, visible ms) of every +I/+U row of the finished files."""
-    keys, max_arr, arr, vis = [], [], [], []
+    """(key, max arrival, event arrival, event generation, visible ms) of every +I/+U row of the
+    finished files: one row per event (no mini-batch), its arrival and generation the LAST_VALUEs."""
+    keys, max_arr, arr, gen, vis = [], [], [], [], []
     for name, seen in first_seen.items():
         seen_ms = seen * 1000
         with open(os.path.join(out_dir, name)) as f:
             for line in f:
                 if not (line.startswith("+I[") or line.startswith("+U[")):
                     continue  # -U: the retraction of the row's previous value
-                k, _cnt, _sum, m, last = line[3:line.rindex("]")].split(", ")
+                k, _cnt, _sum, m, last, generated = line[3:line.rindex("]")].split(", ")
                 keys.append(int(k))
                 max_arr.append(int(m))
                 arr.append(int(last))
+                gen.append(int(generated))
                 vis.append(seen_ms)
     return (np.array(keys, dtype=np.int64), np.array(max_arr, dtype=np.int64), np.array(arr, dtype=np.int64),
-            np.array(vis, dtype=np.float64))
+            np.array(gen, dtype=np.int64), np.array(vis, dtype=np.float64))
 
 
 def event_latencies(keys, max_arr, arr, vis) -> np.ndarray:
@@ -255,17 +290,18 @@ def run_once(args, duration_s: float, run: str, work: str, jar: str, rss: PeakRs
     os.makedirs(out_dir)
     env, t_env = stream_env(root, free_port(), jar)
     events = int(args.rate * duration_s)
-    stream = env.from_source(rate_limited_source(events, args.rate), WatermarkStrategy.no_watermarks(), "events",
-                             Types.TUPLE([Types.LONG(), Types.LONG()]))
+    stream = env.from_source(paced_source(events, args.rate), WatermarkStrategy.no_watermarks(), "events",
+                             Types.TUPLE([Types.LONG()] * 3))
     schema = (Schema.new_builder()
               .column("f0", "BIGINT")
               .column("f1", "BIGINT")
+              .column("f2", "BIGINT")
               .column_by_expression("key", f"CAST(RAND_INTEGER({args.keys}) AS BIGINT)")
               .column_by_expression("value", "CAST(RAND_INTEGER(1000) AS BIGINT)")
               .build())
     t_env.create_temporary_view("events", t_env.from_data_stream(stream, schema))
     table = t_env.sql_query("SELECT key, COUNT(*) AS cnt, SUM(`value`) AS total, MAX(f1) AS max_arrival, "
-                            "LAST_VALUE(f1) AS arrival FROM events GROUP BY key")
+                            "LAST_VALUE(f1) AS arrival, LAST_VALUE(f2) AS generated FROM events GROUP BY key")
     sink = (FileSink.for_row_format("file://" + out_dir, Encoder.simple_string_encoder())
             .with_bucket_assigner(BucketAssigner.base_path_bucket_assigner())
             .with_rolling_policy(RollingPolicy.on_checkpoint_rolling_policy())
@@ -281,7 +317,7 @@ def run_once(args, duration_s: float, run: str, work: str, jar: str, rss: PeakRs
     wall = time.monotonic() - started
     watcher.stop()
     peak = rss.peak_mb
-    keys, max_arr, arr, vis = read_updates(out_dir, watcher.first_seen)
+    keys, max_arr, arr, gen, vis = read_updates(out_dir, watcher.first_seen)
     if len(arr) != events:
         raise RuntimeError(f"{len(arr)} +I/+U rows in the committed output for {events} events")
     lat = event_latencies(keys, max_arr, arr, vis)
@@ -290,11 +326,14 @@ def run_once(args, duration_s: float, run: str, work: str, jar: str, rss: PeakRs
     keep = (arr >= t_first + skip_s * 1000) & (arr < t_first + duration_s * 1000)
     if not keep.any():
         raise RuntimeError("no event within the measured span: is --skip-s ≥ --duration-s?")
+    behind = (gen - arr)[keep]
     shutil.rmtree(root, ignore_errors=True)
     return {"system": "pyflink", "config": CONFIG, "workload": "latency", "rate": args.rate,
             **percentiles(lat[keep]), "events": events, "events_measured": int(keep.sum()), "keys": args.keys,
             "duration_s": duration_s, "commits": watcher.commits, "part_files": len(watcher.first_seen),
-            "source_rate": round(events / max((arr.max() - t_first) / 1000, 1e-3), 1), "wall_s": round(wall, 1),
+            "source_rate": round(events / max((gen.max() - gen.min()) / 1000, 1e-3), 1),
+            "source_behind_p99_ms": round(float(np.percentile(behind, 99)), 1),
+            "source_behind_max_ms": round(float(behind.max()), 1), "wall_s": round(wall, 1),
             "peak_rss_mb": peak, "peak_rss_by_process": rss.breakdown, "state_backend": "hashmap",
             "checkpoint_interval": CKPT_INTERVAL, "parallelism": PARALLELISM}
 

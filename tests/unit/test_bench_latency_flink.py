@@ -43,15 +43,14 @@ def test_an_event_overtaken_by_a_later_event_of_its_key_is_visible_with_the_earl
 
 
 def test_committed_rows_are_the_insert_and_update_after_rows_of_finished_files(latency_flink, tmp_path):
-    (tmp_path / "part-a-0-0").write_text("+I[7, 1, 5, 1000, 1000]\n-U[7, 1, 5, 1000, 1000]\n"
-                                         "+U[7, 2, 9, 1010, 1010]\n")
-    (tmp_path / "part-a-1-0").write_text("+I[8, 1, 3, 1005, 1005]\n")
+    (tmp_path / "part-a-0-0").write_text("+I[7, 1, 5, 1000, 1000, 1001]\n-U[7, 1, 5, 1000, 1000, 1001]\n"
+                                         "+U[7, 2, 9, 1010, 1010, 1012]\n")
+    (tmp_path / "part-a-1-0").write_text("+I[8, 1, 3, 1005, 1005, 1005]\n")
 
-    keys, max_arrival, arrival, visible = latency_flink.read_updates(
-        str(tmp_path), {"part-a-0-0": 2.0, "part-a-1-0": 2.5})
+    columns = latency_flink.read_updates(str(tmp_path), {"part-a-0-0": 2.0, "part-a-1-0": 2.5})
 
-    rows = sorted(zip(keys.tolist(), max_arrival.tolist(), arrival.tolist(), visible.tolist()))
-    assert rows == [(7, 1000, 1000, 2000.0), (7, 1010, 1010, 2000.0), (8, 1005, 1005, 2500.0)]
+    rows = sorted(zip(*(c.tolist() for c in columns)))  # key, MAX(arrival), arrival, generated, visible ms
+    assert rows == [(7, 1000, 1000, 1001, 2000.0), (7, 1010, 1010, 1012, 2000.0), (8, 1005, 1005, 1005, 2500.0)]
 
 
 def test_the_watcher_sees_a_part_file_once_it_is_finished_and_keeps_its_first_sighting(latency_flink, tmp_path):
