@@ -31,8 +31,8 @@ W1 peer; not the generator's exact events).
 Query: `SELECT key, COUNT(*), SUM(value), MAX(arrival), LAST_VALUE(arrival),
 LAST_VALUE(generated) FROM events GROUP BY key` (no mini-batch: Flink emits one update per input
 event, so each +I/+U row is one event and LAST_VALUE(arrival) is that event's arrival; the script
-checks that the committed output holds exactly one +I/+U row per event). Its changelog (`to_changelog_stream`) goes straight
-into a DataStream `FileSink` (row format, `Row.toString` lines such as `+U[7, 3, 1500, t, t, t']`,
+checks that the committed output holds exactly one +I/+U row per event). Its changelog
+(`to_changelog_stream`) goes straight into a DataStream `FileSink` (row format, `Row.toString` lines such as `+U[7, 3, 1500, t, t, t']`,
 on-checkpoint rolling policy): its part files are in progress (hidden, `.part-*.inprogress.*`)
 until the checkpoint covering them completes, then renamed to their final name: exactly-once
 output, visible when the checkpoint commits. The -U rows are in the files too and are skipped
