@@ -21,8 +21,10 @@ Sections (default: all of them):
   w2-session  W2's events in sessions with a 30 s gap: `--window session` (PyFlink: --workload
            w2-session, a SESSION window TVF). Sizes and why: bench/w2_windows.py.
   w3       W3 large state (bench/w3_large_state.py, --w3-keys 10 M): one run by default.
-  latency  end-to-end latency at a steady rate (bench/latency.py; sparkpoint and Spark SS, one
-           fresh process each): one run by default.
+  latency  end-to-end latency at a steady rate, one fresh process per system: sparkpoint and Spark
+           SS micro-batch (bench/latency.py), Spark SS real-time mode over Kafka
+           (bench/latency_spark_rtm.py; at-least-once output) and PyFlink with its exactly-once file
+           sink (bench/pyflink/latency_flink.py, when its venv is set up): one run by default.
   processor  the README's Sessionize processor on sparkpoint and on Spark's
            transformWithStateInPandas, same processor body and Parquet input (bench/processor_tws.py,
            one fresh process per system, order alternating): one round by default.
@@ -179,6 +181,19 @@ def latency_command(args: argparse.Namespace) -> list[str]:
     if args.latency_warmup_s is not None:
         cmd += ["--warmup-s", str(args.latency_warmup_s)]
     return cmd
+
+
+def latency_jobs(args: argparse.Namespace, pyflink_python: str | None) -> list[tuple[str, list[str]]]:
+    """(system, command) of the latency section: sparkpoint and Spark SS micro-batch
+    (latency.py), Spark SS in real-time mode over Kafka (its output is at-least-once:
+    Spark's Kafka sink), and PyFlink with its exactly-once file sink when its venv is there."""
+    same = ["--rate", str(args.latency_rate), "--duration-s", str(args.latency_duration_s),
+            "--keys", str(args.keys), "--work", args.work]
+    jobs = [("sparkpoint, spark-ss", latency_command(args)),
+            ("spark-ss-rtm", [sys.executable, os.path.join(HERE, "latency_spark_rtm.py"), *same])]
+    if pyflink_python:
+        jobs.append(("pyflink", [pyflink_python, os.path.join(HERE, "pyflink", "latency_flink.py"), *same]))
+    return jobs
 
 
 def setup_pyflink() -> tuple[str | None, str]:
@@ -936,7 +951,7 @@ def main() -> None:
         else:
             records = [r for r in records if not (r.get("section") in sections and "system" in r)]
         pyflink_python, pyflink_status = None, "skipped (--no-pyflink)" if args.no_pyflink else "ok"
-        if not args.no_pyflink and any(s in THROUGHPUT_SECTIONS or s == "nexmark" for s in sections):
+        if not args.no_pyflink and any(s in THROUGHPUT_SECTIONS or s in ("nexmark", "latency") for s in sections):
             print("bash bench/pyflink/setup.sh ...", flush=True)
             pyflink_python, pyflink_status = setup_pyflink()
             print(f"PyFlink: {pyflink_status}", flush=True)
@@ -972,7 +987,7 @@ def main() -> None:
                 elif section == "nexmark":
                     jobs = nexmark_jobs(args, run, pyflink_python)
                 else:
-                    jobs = [("latency", latency_command(args))]
+                    jobs = latency_jobs(args, pyflink_python)
                 for system, cmd in jobs:
                     started = time.monotonic()
                     print(f"[{section}] round {run} {system}: {' '.join(os.path.relpath(c, REPO) if c.startswith(REPO + os.sep) else c for c in cmd)}",
