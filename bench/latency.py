@@ -86,8 +86,9 @@ def run_sparkpoint(spark, args, duration_s: float, run: str, rss: PeakRss) -> di
     epochs: list[tuple[int, dict, dict]] = []  # (epoch, start positions, end positions)
 
     class LatencyJobMaster(JobMaster):
-        def _run_one_epoch(self, plan, final: bool) -> None:
-            super()._run_one_epoch(plan, final)
+        def _run_one_epoch(self, plans, final: bool) -> None:
+            super()._run_one_epoch(plans, final)
+            plan = plans[source.name]  # the epoch's slice of each source, by name
             if any(plan.end[s] > plan.start[s] for s in plan.start):
                 epochs.append((self.epoch, dict(plan.start), dict(plan.end)))
 
