@@ -798,8 +798,8 @@ def section_markdown(section: str, results: list[dict[str, Any]], args: argparse
         out.append(f"\n### Results ({nrounds} run(s); median, per-run values in brackets)\n" + w3_table(results))
         out.append("\n### W3 targets\n" + w3_targets(results))
     else:
-        out.append("### Settings\n" + _quoted_doc("latency.py")
-                   + "\nPyFlink: not measured (bench/latency.py has no PyFlink runner).")
+        out.append("### Settings\n" + _quoted_doc("latency.py") + "\n" + _quoted_doc("latency_spark_rtm.py")
+                   + "\n" + _quoted_doc("pyflink/latency_flink.py"))
         out.append(f"\n### Results ({nrounds} run(s) per system)\n" + latency_table(results))
         if "latency.png" in plots:
             out.append(f"\n![latency]({os.path.basename(args.plots_dir)}/latency.png)")
