@@ -17,8 +17,8 @@ from sparkpoint.runtime.status import JobStatus
 
 pytestmark = pytest.mark.spark
 
-TOTAL = 45_000
-PER_EPOCH = 30_000
+TOTAL = 22_500
+PER_EPOCH = 15_000
 
 
 def _source() -> GeneratorSource:
@@ -27,7 +27,7 @@ def _source() -> GeneratorSource:
 
 def test_epochs_longer_than_the_target_are_cut_and_every_record_counts_once(spark, tmp_path):
     def _slow(batches):  # defined here: pickled by value, the executors cannot import this module
-        """200 µs per record in each task: an epoch of 30k records takes 3 s or more."""
+        """200 µs per record in each task: an epoch of 15k records takes 1.5 s or more."""
         for pdf in batches:
             time.sleep(len(pdf) * 200e-6)
             yield pdf
@@ -40,7 +40,7 @@ def test_epochs_longer_than_the_target_are_cut_and_every_record_counts_once(spar
     settings = Settings.load(overrides={
         "pipeline.name": "sized", "execution.checkpointing.dir": str(tmp_path / "chk"),
         "state.local.dir": str(tmp_path / "state"), "sparkpoint.progress": False, "restart-strategy.type": "none",
-        "sparkpoint.epoch.target-duration": "2 s"})
+        "sparkpoint.epoch.target-duration": "1 s"})
     master = JobMaster(pipeline, settings, spark=spark)
     result = master.run()
     assert result.status is JobStatus.FINISHED
