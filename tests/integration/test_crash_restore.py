@@ -24,6 +24,10 @@ from tests.inprocess import CrashPoint, job_settings, restart, start
 pytestmark = pytest.mark.spark
 
 EVENTS = Events()
+# The same records in half as many epochs (the windows, and so the batch answer, do not
+# depend on epoch sizes): 8 epochs still put every crash point below in the middle of
+# the run, with input left for the restart.
+SHORTER = Events(per_epoch=8_000)
 # Every state subtask's asynchronous part takes 1.5 s, so a crash lands while one is in flight.
 SLOW_ACKS = [{"participant": "state:*", "action": "slow_ack", "seconds": 1.5}]
 # After the restart, the state subtasks take 3 s to restore.
@@ -80,8 +84,11 @@ def test_seed002_restart_after_a_crash_refuses_checkpoints_while_restoring_and_c
     _assert_exactly_once(out, expected)
 
 
-# Paced input, so the job is still running when it is stopped (windows do not depend on pacing).
-LIFECYCLE = Events(keys=300, total=90_000, per_epoch=6_000, rate_per_s=6_000)
+# Paced input, so the job is still running when it is stopped (windows do not depend on
+# pacing): 7.5 s at least, however fast the machine, where the runs need 5 checkpoints
+# at 300 ms (each epoch takes at most 6 000 records, so a slow machine's runs are longer).
+LIFECYCLE = Events(keys=300, total=90_000, per_epoch=6_000, rate_per_s=12_000)
+LIFECYCLE_INTERVAL = {"execution.checkpointing.interval": "300 ms"}
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +109,8 @@ def test_stop_with_savepoint_move_restore_at_3_crash_rerun_rescale_to_1_equals_t
 
     name, out = "lifecycle", tmp_path / "out"
     checkpoints = str(tmp_path / "checkpoints")
-    first = start(LIFECYCLE.pipeline(name, out), job_settings(tmp_path, name, **{"rest.enabled": True,
-                                                                               "rest.port": 0}), spark)
+    first = start(LIFECYCLE.pipeline(name, out), job_settings(tmp_path, name, **LIFECYCLE_INTERVAL,
+                                                              **{"rest.enabled": True, "rest.port": 0}), spark)
     first.wait_for(r"completed checkpoint \d+ of job", timeout=240)
     first.wait_for(r"completed checkpoint \d+ of job", timeout=120, start_at=len(first.lines))
     stopped = CliRunner().invoke(cli, ["stop", "--checkpoint-dir", checkpoints, "--job", name, "--savepoint"])
@@ -115,7 +122,7 @@ def test_stop_with_savepoint_move_restore_at_3_crash_rerun_rescale_to_1_equals_t
     moved = tmp_path / "moved-savepoint"
     shutil.copytree(savepoint, moved)
     shutil.rmtree(savepoint)
-    from_savepoint = {"execution.state-recovery.path": str(moved), "parallelism.default": 3}
+    from_savepoint = {"execution.state-recovery.path": str(moved), "parallelism.default": 3, **LIFECYCLE_INTERVAL}
 
     second = start(LIFECYCLE.pipeline(name, out), job_settings(tmp_path, name, **from_savepoint), spark)
     second.wait_for(r"resuming from savepoint \d+ .* in " + re.escape(str(moved)), timeout=240)
@@ -132,7 +139,7 @@ def test_stop_with_savepoint_move_restore_at_3_crash_rerun_rescale_to_1_equals_t
     third.crash()
 
     last = restart(third, LIFECYCLE.pipeline(name, out), spark,
-                   job_settings(tmp_path, name, **{"parallelism.default": 1}))
+                   job_settings(tmp_path, name, **{"parallelism.default": 1, **LIFECYCLE_INTERVAL}))
     assert last.wait(timeout=400).status is JobStatus.FINISHED, last.tail()
     assert "rescaled operator windows from parallelism 3 to 1" in last.text, last.tail()
 
@@ -160,7 +167,7 @@ def test_a_crash_at_any_point_leaves_the_lease_and_staging_and_the_restart_commi
     is not released, no final checkpoint, no later `_metadata`), and the next run on the
     same directories takes over and commits every window exactly once."""
     name, out = "crashes", tmp_path / "out"
-    first = start(EVENTS.pipeline(name, out), job_settings(tmp_path, name), spark, crash_at=crash_at)
+    first = start(SHORTER.pipeline(name, out), job_settings(tmp_path, name), spark, crash_at=crash_at)
     if crash_at.description.startswith("before a savepoint"):
         first.wait_for(r"completed checkpoint \d+ of job", timeout=240)
         first.job.stop(savepoint=True)
@@ -175,7 +182,7 @@ def test_a_crash_at_any_point_leaves_the_lease_and_staging_and_the_restart_commi
         "a savepoint cut short has no _metadata"
     assert len(canonical(read_output(out))) < len(expected), "the crash left output uncommitted"
 
-    second = restart(first, EVENTS.pipeline(name, out), spark)
+    second = restart(first, SHORTER.pipeline(name, out), spark)
     assert second.wait().status is JobStatus.FINISHED, second.tail()
     assert _checkpoint_dirs(tmp_path, name)[0] - completed_at_crash, "the restart completed checkpoints of its own"
     if completed_at_crash:

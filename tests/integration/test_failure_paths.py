@@ -21,7 +21,10 @@ from tests.e2e.harness import canonical, read_output
 pytestmark = pytest.mark.spark
 
 EVENTS = Events()
-LONG_EVENTS = Events(total=80_000, rate_per_s=5_000)  # ~16 s: ~14 checkpoints at 1 s, on any machine
+# ~8 s at least and 20 epochs: ~14 checkpoints at 500 ms, on any machine (an epoch
+# carries at most one barrier, so a machine whose epochs are slower than that still has 20).
+LONG_EVENTS = Events(total=80_000, rate_per_s=10_000)
+LONG_INTERVAL = {"execution.checkpointing.interval": "500 ms"}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +116,7 @@ def test_seed001_seed003_storage_outages_within_the_tolerance_never_restart_and_
         {"op": "upload", "checkpoints": [2, 3, 4], "action": "fail"},
         *_storage_down([6, 7]),
         {"op": "create_exclusive", "path": "*/_metadata", "checkpoints": [8], "action": "fail"},
-    ], events=LONG_EVENTS, **{"execution.checkpointing.tolerable-failed-checkpoints": 3})
+    ], events=LONG_EVENTS, **LONG_INTERVAL, **{"execution.checkpointing.tolerable-failed-checkpoints": 3})
 
     assert _counted(job) == [
         (2, R.TASK_ASYNC_FAILURE, 1), (3, R.TASK_ASYNC_FAILURE, 2), (4, R.TASK_ASYNC_FAILURE, 3),
@@ -137,7 +140,7 @@ def test_seed001_seed002_seed003_the_fourth_consecutive_failure_fails_over_once_
         {"op": "upload", "checkpoints": [3, 4], "action": "fail"},
         *_storage_down([5, 6]),
         {"participant": "state:*", "action": "slow_restore", "seconds": 3},
-    ], events=LONG_EVENTS, **{"execution.checkpointing.tolerable-failed-checkpoints": 3})
+    ], events=LONG_EVENTS, **LONG_INTERVAL, **{"execution.checkpointing.tolerable-failed-checkpoints": 3})
 
     assert _counted(job) == [
         (3, R.TASK_ASYNC_FAILURE, 1), (4, R.TASK_ASYNC_FAILURE, 2), (5, R.IO_EXCEPTION, 3), (6, R.IO_EXCEPTION, 4)]

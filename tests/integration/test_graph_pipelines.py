@@ -180,10 +180,13 @@ def test_a_renamed_step_of_a_linear_pipeline_is_named_not_reported_as_corrupt_st
 
 def test_a_savepoint_of_a_two_step_graph_restored_at_another_parallelism_gives_the_unstopped_output(
         spark, tmp_path):
-    frames = write_input(tmp_path / "in", files_per_source=12)
+    # 8 epochs of input; checkpoints every 200 ms, so the savepoint comes a few epochs in,
+    # with most of the input left for the restored run.
+    frames = write_input(tmp_path / "in", files_per_source=8)
     out, name = tmp_path / "out", "graph-savepoint"
     first = JobMaster(graph(name, tmp_path / "in", out, pace_s=0.3),
-                      job_settings(tmp_path, name, **{"parallelism.default": 2}), spark=spark)
+                      job_settings(tmp_path, name, **{"parallelism.default": 2,
+                                                       "execution.checkpointing.interval": "200 ms"}), spark=spark)
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.setdefault("result", first.run()), daemon=True)
     thread.start()
@@ -194,7 +197,7 @@ def test_a_savepoint_of_a_two_step_graph_restored_at_another_parallelism_gives_t
     savepoint = first.stop(savepoint=True).result(120)
     thread.join(120)
     assert outcome["result"].status is JobStatus.FINISHED
-    assert first.epoch < 12, "stopped before the input ended"
+    assert first.epoch < 8, "stopped before the input ended"
     moved = tmp_path / "moved-savepoint"  # savepoints are self-contained
     shutil.copytree(savepoint, moved)
     shutil.rmtree(savepoint)

@@ -23,8 +23,10 @@ from tests.e2e.harness import canonical, read_output
 pytestmark = pytest.mark.spark
 
 SMALL = Events(keys=50, total=16_000, per_epoch=2_000)
-# Paced: a run spans several 1 s checkpoint intervals however fast epochs run.
-PACED = Events(keys=50, total=24_000, per_epoch=2_000, rate_per_s=4_000)
+# Paced: a run (3 s at least) spans ten checkpoint intervals of 300 ms however fast
+# epochs run; PACED_CHECKPOINTS goes with every run of it.
+PACED = Events(keys=50, total=24_000, per_epoch=2_000, rate_per_s=8_000)
+PACED_CHECKPOINTS = {"execution.checkpointing.interval": "300 ms"}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,8 @@ def test_a_deleted_savepoint_does_not_make_the_next_failover_fatal(spark, tmp_pa
     """NO_CLAIM: once the job has checkpoints of its own, the savepoint it started from is
     the user's to delete. A failover after that, and a rerun with the same command line,
     resume from the job's own checkpoints without reading the savepoint."""
-    first = OnThread(JobMaster(PACED.pipeline("sp", tmp_path / "out"), settings(tmp_path, "sp", []), spark=spark))
+    first = OnThread(JobMaster(PACED.pipeline("sp", tmp_path / "out"),
+                               settings(tmp_path, "sp", [], **PACED_CHECKPOINTS), spark=spark))
     wait_until(lambda: first.job.epoch >= 2 and _completed(first.job) >= 1)
     savepoint = first.job.stop(savepoint=True, target=str(tmp_path / "savepoint")).result(120)
     assert first.join().status is JobStatus.FINISHED
@@ -53,7 +56,7 @@ def test_a_deleted_savepoint_does_not_make_the_next_failover_fatal(spark, tmp_pa
     trip = Tripwire()
     from_savepoint = {"execution.state-recovery.path": savepoint}
     second = ObservedJob(PACED.pipeline("sp", tmp_path / "out", transform=trip),
-                         settings(tmp_path, "sp", [], **from_savepoint), spark=spark)
+                         settings(tmp_path, "sp", [], **from_savepoint, **PACED_CHECKPOINTS), spark=spark)
     running = OnThread(second)
     wait_until(lambda: second.restored_from is not None and getattr(second, "completed_ids", None))
     shutil.rmtree(savepoint)  # "yours to delete"
@@ -63,8 +66,8 @@ def test_a_deleted_savepoint_does_not_make_the_next_failover_fatal(spark, tmp_pa
     assert result.status is JobStatus.FINISHED and result.restarts == 1
     assert _output(tmp_path) == expected[PACED]
 
-    rerun = JobMaster(PACED.pipeline("sp", tmp_path / "out"), settings(tmp_path, "sp", [], **from_savepoint),
-                      spark=spark).run()
+    rerun = JobMaster(PACED.pipeline("sp", tmp_path / "out"),
+                      settings(tmp_path, "sp", [], **from_savepoint, **PACED_CHECKPOINTS), spark=spark).run()
     assert rerun.status is JobStatus.FINISHED
     assert _output(tmp_path) == expected[PACED]
 
@@ -138,7 +141,7 @@ def test_a_storage_outage_during_restore_is_not_a_permanent_failure(spark, tmp_p
     trip = Tripwire()
     job = ObservedJob(PACED.pipeline("outage", tmp_path / "out", transform=trip),
                       settings(tmp_path, "outage", [{"op": "read", "path": "*/_metadata", "action": "fail",
-                                                     "times": 4}]), spark=spark)
+                                                     "times": 4}], **PACED_CHECKPOINTS), spark=spark)
     running = OnThread(job)
     wait_until(lambda: getattr(job, "completed_ids", None))
     trip.arm()
@@ -201,7 +204,7 @@ def test_the_records_counter_counts_source_records_not_rows_after_transform(spar
 def test_a_restore_is_recorded_without_the_rest_api(spark, tmp_path):
     trip = Tripwire()
     job = ObservedJob(PACED.pipeline("restores", tmp_path / "out", transform=trip),
-                      settings(tmp_path, "restores", [], **{"rest.enabled": False}), spark=spark)
+                      settings(tmp_path, "restores", [], **{"rest.enabled": False}, **PACED_CHECKPOINTS), spark=spark)
     running = OnThread(job)
     wait_until(lambda: getattr(job, "completed_ids", None))
     trip.arm()
@@ -277,7 +280,7 @@ def test_a_stop_by_signal_that_an_epoch_failure_interrupts_still_stops_with_a_la
 
     trip = Tripwire()
     job = ObservedJob(PACED.pipeline("interrupted", tmp_path / "out", transform=trip),
-                      settings(tmp_path, "interrupted", []), spark=spark)
+                      settings(tmp_path, "interrupted", [], **PACED_CHECKPOINTS), spark=spark)
     running = OnThread(job)
     wait_until(lambda: getattr(job, "completed_ids", None))
     trip.arm()
@@ -288,7 +291,7 @@ def test_a_stop_by_signal_that_an_epoch_failure_interrupts_still_stops_with_a_la
     assert job.status.history.count(JobStatus.FAILING) == 1
     assert job.epoch + 1 < PACED.total // PACED.per_epoch, "it stopped before the input ended"
 
-    rerun = JobMaster(PACED.pipeline("interrupted", tmp_path / "out"), settings(tmp_path, "interrupted", []),
-                      spark=spark).run()
+    rerun = JobMaster(PACED.pipeline("interrupted", tmp_path / "out"),
+                      settings(tmp_path, "interrupted", [], **PACED_CHECKPOINTS), spark=spark).run()
     assert rerun.status is JobStatus.FINISHED
     assert _output(tmp_path) == expected[PACED]

@@ -218,22 +218,27 @@ _PRICE_LEVELS = {"1": lambda p: p < 10_000, "2": lambda p: (p >= 10_000) & (p < 
                  "3": lambda p: p >= 1_000_000}
 
 
-def _level_counts(groups, of: str, count: Callable[[pd.DataFrame], int]) -> pd.DataFrame:
-    """total_<of>, rank1_<of> .. rank3_<of> per group: `count` of the group's bids, and
-    of its bids at each price level (nexmark-flink's filtered aggregates)."""
-    return pd.DataFrame({f"total_{of}": groups.apply(count),
-                         **{f"rank{n}_{of}": groups.apply(lambda g, level=level: count(g[level(g.price)]))
-                            for n, level in _PRICE_LEVELS.items()}})
+def _level_counts(bids: pd.DataFrame, keys: list[str], of: str, distinct: str | None = None) -> pd.DataFrame:
+    """total_<of>, rank1_<of> .. rank3_<of> per group of `keys`: the count of the group's
+    bids (of distinct values of the column `distinct`, if given), and of its bids at each
+    price level (nexmark-flink's filtered aggregates); 0 where a level has no bid."""
+    groups = bids.groupby(keys).size().index
+
+    def count(rows: pd.DataFrame) -> pd.Series:
+        by = rows.groupby(keys)
+        counted = by.size() if distinct is None else by[distinct].nunique()
+        return counted.reindex(groups, fill_value=0).astype("int64")
+
+    return pd.DataFrame({f"total_{of}": count(bids),
+                         **{f"rank{n}_{of}": count(bids[level(bids.price)]) for n, level in _PRICE_LEVELS.items()}})
 
 
 def _bid_stats(e: Events, keys: list[str]) -> pd.DataFrame:
     b = e.bid.assign(day=e.bid.dateTime.dt.strftime("%Y-%m-%d"), minute=e.bid.dateTime.dt.strftime("%H:%M"))
-    groups = b.groupby(keys)[["bidder", "auction", "price", "minute"]]
-    by_key = b.groupby(keys)
-    parts = [_level_counts(groups, "bids", len), _level_counts(groups, "bidders", lambda g: g.bidder.nunique()),
-             _level_counts(groups, "auctions", lambda g: g.auction.nunique())]
+    parts = [_level_counts(b, keys, "bids"), _level_counts(b, keys, "bidders", distinct="bidder"),
+             _level_counts(b, keys, "auctions", distinct="auction")]
     if "channel" in keys:
-        parts.insert(0, by_key.minute.max().rename("minute").to_frame())
+        parts.insert(0, b.groupby(keys).minute.max().rename("minute").to_frame())
     return pd.concat(parts, axis=1).reset_index()
 
 
@@ -252,8 +257,7 @@ def q17(e: Events) -> pd.DataFrame:
     """Per auction and day: count(*) with the three price-level filters, min, max, avg
     (a BIGINT in Flink: sum // count) and sum of price."""
     b = e.bid.assign(day=e.bid.dateTime.dt.strftime("%Y-%m-%d"))
-    groups = b.groupby(["auction", "day"])[["price"]]
-    counts = _level_counts(groups, "bids", len)
+    counts = _level_counts(b, ["auction", "day"], "bids")
     price = b.groupby(["auction", "day"]).price
     stats = pd.DataFrame({"min_price": price.min(), "max_price": price.max(),
                           "avg_price": price.sum() // price.count(), "sum_price": price.sum()})
