@@ -7,7 +7,7 @@ ones the input alone gives (tests/e2e/chaos_oracles.py, computed without Spark o
 sparkpoint). The job crashes in-process (tests/inprocess.py) right after its first
 checkpoint's `_metadata` is durable and before that checkpoint's output is committed (the
 restore must re-run that commit and then the epochs after it). A real SIGKILL of a
-Parquet job is tests/e2e/test_exactly_once_kill.py."""
+Parquet job is tests/e2e/test_chaos.py."""
 
 from __future__ import annotations
 
