@@ -116,7 +116,7 @@ def run_sparkpoint(spark, args, duration_s: float, run: str, rss: PeakRss) -> di
         "parallelism.default": 2,
         "execution.checkpointing.dir": os.path.join(root, "checkpoints"),
         "execution.checkpointing.enabled": True,
-        "execution.checkpointing.interval": "1 s",
+        "execution.checkpointing.interval": args.checkpoint_interval,
         "state.local.dir": os.path.join(root, "state"),
         "sparkpoint.progress": False,
     })
@@ -143,7 +143,8 @@ def run_sparkpoint(spark, args, duration_s: float, run: str, rss: PeakRss) -> di
     skip_s = args.skip_s if run == "measured" else 0
     keep = arrival >= start_ts + skip_s * 1000
     epoch_sizes = [sum(e[k] - s[k] for k in s) for _, s, e in epochs]
-    return {"system": "sparkpoint", "config": "ckpt-1s", "workload": "latency", "rate": args.rate,
+    config = "ckpt-" + args.checkpoint_interval.replace(" ", "")
+    return {"system": "sparkpoint", "config": config, "workload": "latency", "rate": args.rate,
             **_percentiles(lat[keep]), "events": result.records, "events_measured": int(keep.sum()),
             "keys": args.keys, "duration_s": duration_s, "commits": len(commits), "epochs": len(epochs),
             "epoch_events_median": float(np.median(epoch_sizes)) if epoch_sizes else None,
@@ -257,6 +258,9 @@ def main() -> None:
     parser.add_argument("--ss-trigger", default="default",
                         help="Spark SS trigger: 'default' (next batch as soon as the last one ends) or a "
                              "processingTime such as '500 milliseconds'")
+    parser.add_argument("--checkpoint-interval", default="1 s",
+                        help="sparkpoint's execution.checkpointing.interval (its output is visible when the "
+                             "checkpoint covering it commits)")
     parser.add_argument("--work", default="/tmp/sparkpoint-bench")
     args = parser.parse_args()
     systems = args.systems.split(",")
