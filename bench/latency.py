@@ -119,6 +119,7 @@ def run_sparkpoint(spark, args, duration_s: float, run: str, rss: PeakRss) -> di
         "execution.checkpointing.interval": args.checkpoint_interval,
         "state.local.dir": os.path.join(root, "state"),
         "sparkpoint.progress": False,
+        "rest.port": 0,  # any free port: the measurement never asks the REST API
     })
     job = LatencyJobMaster(pipeline, settings, spark=spark)
     rss.reset()
