@@ -156,9 +156,7 @@ def build_generator_jar(work: str) -> str:
 
 
 def stream_env(root: str, rest_port: int, jar: str):
-    from pyflink.common import Configuration
-    from pyflink.datastream import StreamExecutionEnvironment
-    from pyflink.table import EnvironmentSettings, StreamTableEnvironment
+    from w1_flink import environments
 
     settings = {
         "parallelism.default": str(PARALLELISM),
@@ -171,13 +169,7 @@ def stream_env(root: str, rest_port: int, jar: str):
         "execution.checkpointing.dir": "file://" + os.path.abspath(os.path.join(root, "checkpoints")),
         "pipeline.jars": "file://" + jar,
     }
-    conf = Configuration()
-    for k, v in settings.items():
-        conf.set_string(k, v)
-    env = StreamExecutionEnvironment.get_execution_environment(conf)
-    t_env = StreamTableEnvironment.create(env, EnvironmentSettings.new_instance().in_streaming_mode()
-                                          .with_configuration(conf).build())
-    return env, t_env
+    return environments(settings)
 
 
 def paced_source(events: int, rate: int):

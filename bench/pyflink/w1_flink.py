@@ -163,10 +163,6 @@ def parse_config(name: str) -> tuple[str, bool]:
 
 
 def table_env(backend: str, ckpt: bool, root: str, rest_port: int):
-    from pyflink.common import Configuration
-    from pyflink.datastream import StreamExecutionEnvironment
-    from pyflink.table import EnvironmentSettings, StreamTableEnvironment
-
     settings = {
         "parallelism.default": "2",
         "rest.port": str(rest_port),
@@ -181,13 +177,22 @@ def table_env(backend: str, ckpt: bool, root: str, rest_port: int):
     if backend == "rocksdb":
         settings["execution.checkpointing.incremental"] = "true"
         settings["state.backend.rocksdb.localdir"] = os.path.abspath(os.path.join(root, "rocksdb"))
+    return (*environments(settings), settings)
+
+
+def environments(settings: dict[str, str]):
+    """A streaming execution environment and its table environment, both with `settings`."""
+    from pyflink.common import Configuration
+    from pyflink.datastream import StreamExecutionEnvironment
+    from pyflink.table import EnvironmentSettings, StreamTableEnvironment
+
     conf = Configuration()
     for k, v in settings.items():
         conf.set_string(k, v)
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     t_env = StreamTableEnvironment.create(env, EnvironmentSettings.new_instance().in_streaming_mode()
                                           .with_configuration(conf).build())
-    return env, t_env, settings
+    return env, t_env
 
 
 def window_tvf(workload: str, shape: W2Shape) -> str:

@@ -2,6 +2,8 @@
 no sparkpoint, no Spark): a failure-free reference job would cost a Spark start and the
 whole input again, and could share a bug with the job it checks.
 
+- user totals: the Kafka pipelines' records, every user an epoch touched with its running
+  count, max, min and sum (`user_totals_records`).
 - windows: GeneratorSource events into tumbling event-time windows. Record n of split s
   is event g = n * splits + s; its key, value and event time are Spark SQL's xxhash64
   of g (GeneratorSource._slice_sql), recomputed here. Valid while no event is late
@@ -10,7 +12,9 @@ whole input again, and could share a bug with the job it checks.
 
 from __future__ import annotations
 
+import json
 import struct
+from typing import Iterable
 
 
 def spark_xxhash64(seed: int, n: int) -> int:
@@ -83,3 +87,24 @@ def aggregate_updates(total: int, *, keys: int, per_epoch: int, splits: int = 2,
 def as_canonical(rows: list[dict[str, int]], columns: list[str]) -> list[tuple]:
     """Oracle rows as tests.e2e.harness.canonical orders a committed table's."""
     return sorted(tuple(row[c] for c in columns) for row in rows)
+
+
+def user_totals_records(epochs: Iterable[Iterable[tuple[str, int]]]) -> list[tuple[str, str]]:
+    """(key, JSON value) of every record a Kafka pipeline of running totals per user commits
+    (examples/kafka_pipeline.py's to_kafka_records; the storm's KAFKA_PIPELINE): for each
+    epoch's (user, amount) events in order, every user the epoch touched, once, with its
+    count, max, min and sum so far."""
+    totals: dict[str, tuple[int, int, int, int]] = {}
+    out: list[tuple[str, str]] = []
+    for events in epochs:
+        touched = set()
+        for user, amount in events:
+            c = totals.get(user)
+            totals[user] = (1, amount, amount, amount) if c is None else (
+                c[0] + 1, max(c[1], amount), min(c[2], amount), c[3] + amount)
+            touched.add(user)
+        for user in touched:
+            n, high, low, total = totals[user]
+            out.append((user, json.dumps({"count": n, "max": high, "min": low, "sum": total, "user": user},
+                                         sort_keys=True)))
+    return out

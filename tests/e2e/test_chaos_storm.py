@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.ops.chaos import Chaos, kafka_rows
-from tests.e2e.chaos_oracles import window_rows
+from tests.e2e.chaos_oracles import user_totals_records, window_rows
 from tests.servers.names import unique_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
@@ -170,25 +170,15 @@ def kafka_oracle(count: int) -> Counter:
     reads PER_PARTITION records of every partition, and every user it touched gets its
     running totals as one record."""
     lengths = [len(range(p, count, PARTITIONS)) for p in range(PARTITIONS)]
-    totals: dict[str, tuple[int, int, int, int]] = {}
-    out: Counter = Counter()
-    epoch = 0
-    while any(PER_PARTITION * epoch < n for n in lengths):
-        touched = set()
+    epochs = -(-max(lengths, default=0) // PER_PARTITION)
+
+    def events(epoch: int):
         for p in range(PARTITIONS):
             for offset in range(PER_PARTITION * epoch, min(PER_PARTITION * (epoch + 1), lengths[p])):
                 i = offset * PARTITIONS + p
-                user, amount = f"u{i % USERS}", i % AMOUNTS
-                c = totals.get(user)
-                totals[user] = (1, amount, amount, amount) if c is None else (
-                    c[0] + 1, max(c[1], amount), min(c[2], amount), c[3] + amount)
-                touched.add(user)
-        for user in touched:
-            n, high, low, total = totals[user]
-            out[(user, json.dumps({"count": n, "max": high, "min": low, "sum": total, "user": user},
-                                  sort_keys=True))] += 1
-        epoch += 1
-    return out
+                yield f"u{i % USERS}", i % AMOUNTS
+
+    return Counter(user_totals_records(events(e) for e in range(epochs)))
 
 
 def _timeout(default_seeds: int) -> int:

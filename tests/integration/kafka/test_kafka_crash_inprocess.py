@@ -32,6 +32,7 @@ from unittest import mock
 import pytest
 
 from sparkpoint.runtime.status import JobStatus
+from tests.e2e.chaos_oracles import user_totals_records
 from tests.e2e.harness import REPO
 from tests.inprocess import CrashPoint, job_settings, restart, start
 from tests.servers.names import unique_name
@@ -120,25 +121,16 @@ def expected_records(partitions: list[list[bytes]]) -> list[tuple[bytes, bytes]]
     """What the example commits for this input, folded without Spark: epoch e reads offsets
     [e * PER_EPOCH, (e + 1) * PER_EPOCH) of every partition, and every user it touched
     gets one record with its running totals (examples/kafka_pipeline.py's to_kafka_records)."""
-    totals: dict[str, tuple[int, int, int, int]] = {}
-    out: list[tuple[bytes, bytes]] = []
-    epoch = 0
-    while any(epoch * PER_EPOCH < len(values) for values in partitions):
-        touched = set()
+    epochs = -(-max((len(values) for values in partitions), default=0) // PER_EPOCH)
+
+    def events(epoch: int):
         for values in partitions:
             for raw in values[epoch * PER_EPOCH:(epoch + 1) * PER_EPOCH]:
                 event = json.loads(raw)
-                user, amount = event["user"], event["amount"]
-                c = totals.get(user)
-                totals[user] = (1, amount, amount, amount) if c is None else (
-                    c[0] + 1, max(c[1], amount), min(c[2], amount), c[3] + amount)
-                touched.add(user)
-        for user in touched:
-            n, high, low, total = totals[user]
-            out.append((user.encode(), json.dumps({"count": n, "max": high, "min": low, "sum": total, "user": user},
-                                                  sort_keys=True).encode()))
-        epoch += 1
-    return sorted(out)
+                yield event["user"], event["amount"]
+
+    return sorted((user.encode(), value.encode())
+                  for user, value in user_totals_records(events(e) for e in range(epochs)))
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
