@@ -66,8 +66,12 @@ def _crash_three_times_then_finish(spark, tmp_path: Path, url: str, options: dic
                                    merge_keys: list[str] | None) -> None:
     # Epochs are never cut by time: the update-mode oracle is a function of PER_EPOCH, and
     # on a loaded machine an epoch may take longer than the sizer's ceiling (a quarter of
-    # the checkpoint timeout), which would cut the next ones smaller.
-    settings = job_settings(tmp_path, NAME, **{"sparkpoint.epoch.max-duration": 0})
+    # the checkpoint timeout), which would cut the next ones smaller. Checkpoints come
+    # every few epochs at any machine speed (an epoch of 2,000 events takes 100-300 ms):
+    # at 1 s a quick run staged all its remaining epochs before its first checkpoint, and
+    # the third crash point, which waits for epochs after one, was never reached.
+    settings = job_settings(tmp_path, NAME, **{"sparkpoint.epoch.max-duration": 0,
+                                               "execution.checkpointing.interval": "200 ms"})
     first = start(_pipeline(url, options, merge_keys), settings, spark,
                   crash_at=CrashPoint.after_metadata(1)).wait_crashed()
     assert first.switch.completed == 1, first.tail()
