@@ -67,13 +67,13 @@ spark-cds: bootstrap
 test: bootstrap kafka-jars chromium spark-cds
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
-# The tier that starts no job or server process of its own: unit tests, the contract
-# suites, the in-process integration tests on one shared Spark session and the Nexmark
-# examples against their references (the Kafka tests need a broker JVM, the Spark Connect
-# and README-command tests JVMs of their own: they stay in `make test`).
-test-fast: bootstrap spark-cds
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/contracts tests/integration \
-		tests/nexmark --ignore=tests/integration/kafka -m "not kafka and not e2e"
+# The tier that starts no JVM: unit tests, the contract suites of checkpoint storage and
+# sinks (local, memory://, an S3 API), the Nexmark references and everything else that
+# needs no SparkSession, Kafka broker, standalone cluster or job process (tests/conftest.py
+# marks each test from the fixtures it uses). `make test` runs these and all the others.
+test-fast: bootstrap
+	$(PY) -m pytest -q -p no:cacheprovider -n 3 --durations=25 tests \
+		-m "not (spark or e2e or kafka or cluster or packaging)"
 
 # `sparkpoint chaos --storm` over 20 seeds (SEEDS=N to change) on a Delta sink with checkpoints
 # on an S3 API and on Kafka source and sink: every fault kind once per seed. The reports (runs,

@@ -49,6 +49,26 @@ def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
     return s3_server.create_bucket(unique_name(request.node.name))
 
 
+# -- tiers and workers --------------------------------------------------------------------
+# What a test needs is marked from the fixtures it uses, so a tier chosen by marker
+# (`make test-fast`: no JVM, no server) never starts one by an unmarked test. That tier
+# runs on three pytest-xdist workers; `make test` runs on one process: on two cores, two
+# workers each starting job JVMs made the whole run slower, not faster.
+_NEEDS = (("spark", "spark"), ("kafka_broker", "kafka"), ("s3_server", "s3"), ("cluster", "cluster"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for fixture, marker in _NEEDS:
+            if fixture in names and item.get_closest_marker(marker) is None:
+                item.add_marker(getattr(pytest.mark, marker))
+        if "tests/e2e/" in item.nodeid and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+        if "tests/cluster/" in item.nodeid and item.get_closest_marker("cluster") is None:
+            item.add_marker(pytest.mark.cluster)
+
+
 # -- where the run's time goes (tests/time_report.py) ------------------------------------
 _TIMES = TimeReport()
 
@@ -58,6 +78,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller reports every test
+        return
     if not _TIMES.tests or len(_TIMES.tests) < 50:  # a single file or -k run: its own output says enough
         return
     for line in _TIMES.lines():

@@ -846,21 +846,26 @@ class JobMaster:
         self.snapshotter.ack_barriers(barriers, result)
 
     def _finish(self) -> None:
-        """End of a bounded input: fire everything (final watermark), then take a last
-        checkpoint so the final output is committed."""
+        """End of a bounded input: one last epoch fires everything (the final watermark)
+        and carries the barrier of a forced final checkpoint, so the final output is
+        committed with it."""
         if self.final_done:
             return
-        self._run_empty_epoch()
+        # No periodic checkpoint may start now: it would only be aborted at shutdown and
+        # show up as a failed checkpoint of a clean run. The final one is forced.
+        self.coordinator.stop_scheduler()
         # Let checkpoints already in flight finish first, so the final one is not
         # declined as subsumed alongside them.
         deadline = time.monotonic() + self.settings.checkpoint_timeout_ms / 1000
         if not self._carry_barriers_until(lambda: not self.coordinator.pending_checkpoint_ids()
                                           or time.monotonic() > deadline):
             return
-        # No periodic checkpoint may start now: it would only be aborted at shutdown and
-        # show up as a failed checkpoint of a clean run. The final one is forced.
-        self.coordinator.stop_scheduler()
+        if self.restorer.restoring:
+            # Restored at the end of the input: the state subtasks count as restoring until
+            # an epoch has run, and would refuse the checkpoint.
+            self._run_empty_epoch()
         for attempt in range(1, 11):
+            # The barrier is queued before the final epoch runs: that epoch carries it.
             fut: Future = self.coordinator.trigger_checkpoint(forced=True)
             if not self._carry_barriers_until(fut.done):
                 return  # stopped: the job ends CANCELED, its output uncommitted but staged

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]  # a bench subprocess starts its own JVMs
 
 REPO = Path(__file__).resolve().parents[2]
 PYFLINK_PY = Path(os.environ.get("PYFLINK_PYTHON") or REPO / "bench" / ".venv-pyflink" / "bin" / "python")

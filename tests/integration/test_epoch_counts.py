@@ -73,3 +73,30 @@ def test_records_and_max_event_time_are_the_inputs(spark, tmp_path, operator):
     assert 0 < after_transform < TOTAL, "the transform filtered some rows"
     assert result.records == TOTAL, "every record the source read, counted once, before the transform"
     assert master.max_event_time == max_ts
+
+
+def test_a_bounded_job_ends_with_one_epoch_that_fires_everything_and_carries_the_final_checkpoint(spark, tmp_path):
+    """After the input's last epoch, one empty epoch fires what the final watermark
+    releases and carries the forced final checkpoint's barrier: its output is committed
+    by that checkpoint, and no further epoch runs just to carry the barrier."""
+    source = _source()  # 12,000 events in epochs of 5,000: three epochs of input
+    pipeline = (Pipeline("final").source(source).watermark("ts", "2 s")
+                .stateful(TumblingWindow("win", ["key"], "ts", size="10 s")).sink(ParquetSink(str(tmp_path / "out"))))
+    settings = Settings.load(overrides={
+        "pipeline.name": "final", "execution.checkpointing.dir": str(tmp_path / "chk"),
+        "state.local.dir": str(tmp_path / "state"), "sparkpoint.progress": False, "restart-strategy.type": "none",
+        # No periodic checkpoint: the final one is the job's only one.
+        "execution.checkpointing.interval": "1 h", "sparkpoint.epoch.max-duration": 0})
+    result = JobMaster(pipeline, settings, spark=spark).run()
+
+    assert result.status == JobStatus.FINISHED
+    assert result.epochs == 3 + 1, f"{result.epochs} epochs for three epochs of input"
+    assert result.completed_checkpoints == 1 and result.last_checkpoint_id == 1
+
+    src = _source()
+    src.open(SourceContext(spark, "expected"))
+    start = src.initial_positions()
+    windows = (src.read(SlicePlan(start, {s: start[s] + n for s, n in src.lag(start).items()}))
+               .select("key", (F.floor(F.col("ts") / 10_000)).alias("w")).distinct().count())
+    out = spark.read.parquet(str(tmp_path / "out"))
+    assert out.count() == windows, "every window fired, once, and its output was committed"
