@@ -72,7 +72,7 @@ test: bootstrap kafka-jars chromium spark-cds
 # needs no SparkSession, Kafka broker, standalone cluster or job process (tests/conftest.py
 # marks each test from the fixtures it uses). `make test` runs these and all the others.
 test-fast: bootstrap
-	$(PY) -m pytest -q -p no:cacheprovider -n 3 --durations=25 tests \
+	$(PY) -m pytest -q -p no:cacheprovider -n 4 --durations=25 tests \
 		-m "not (spark or e2e or kafka or cluster or packaging)"
 
 # `sparkpoint chaos --storm` over 20 seeds (SEEDS=N to change) on a Delta sink with checkpoints

@@ -51,8 +51,9 @@ def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
 
 # -- tiers and workers --------------------------------------------------------------------
 # What a test needs is marked from the fixtures it uses, so a tier chosen by marker
-# (`make test-fast`: no JVM, no server) never starts one by an unmarked test. That tier
-# runs on three pytest-xdist workers; `make test` runs on one process: on two cores, two
+# (`make test-fast`: no JVM) never starts one through a test nobody marked. That tier
+# runs on four pytest-xdist workers (its tests wait on servers and sleeps as much as they
+# compute); `make test` runs on one process: on two cores, two
 # workers each starting job JVMs made the whole run slower, not faster.
 _NEEDS = (("spark", "spark"), ("kafka_broker", "kafka"), ("s3_server", "s3"), ("cluster", "cluster"))
 
