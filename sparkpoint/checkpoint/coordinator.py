@@ -281,6 +281,20 @@ class CheckpointCoordinator:
         with self._lock:
             self._suspended = False
 
+    def stop_periodic_triggers(self) -> None:
+        """No periodic checkpoint starts from now on (a queued request is dropped), and
+        the checkpoints already in flight go on: for the end of a bounded input, which
+        lets them complete before the forced final one."""
+        with self._lock:
+            self._trigger_request_queued = False
+            self._periodic_scheduling = False
+            self._cancel_periodic_trigger()
+
+    def checkpoints_in_flight(self) -> bool:
+        """A checkpoint is being triggered (waiting for storage), pending, or finalizing."""
+        with self._lock:
+            return bool(self._triggering or self._pending or self._finalizing)
+
     def stop_scheduler(self) -> None:
         """Stop periodic triggers and abort every pending checkpoint and every trigger
         still waiting for storage (not counted)."""

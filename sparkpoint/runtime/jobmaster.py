@@ -853,13 +853,15 @@ class JobMaster:
             return
         # No periodic checkpoint may start now: it would only be aborted at shutdown and
         # show up as a failed checkpoint of a clean run. The final one is forced.
-        self.coordinator.stop_scheduler()
+        self.coordinator.stop_periodic_triggers()
         # Let checkpoints already in flight finish first, so the final one is not
         # declined as subsumed alongside them.
         deadline = time.monotonic() + self.settings.checkpoint_timeout_ms / 1000
-        if not self._carry_barriers_until(lambda: not self.coordinator.pending_checkpoint_ids()
+        if not self._carry_barriers_until(lambda: not self.coordinator.checkpoints_in_flight()
                                           or time.monotonic() > deadline):
             return
+        # Whatever outlived its timeout is aborted (not counted), not subsumed by the final one.
+        self.coordinator.stop_scheduler()
         if self.restorer.restoring:
             # Restored at the end of the input: the state subtasks count as restoring until
             # an epoch has run, and would refuse the checkpoint.

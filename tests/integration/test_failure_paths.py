@@ -85,6 +85,22 @@ def test_seed000_a_decline_while_another_participant_is_still_in_its_async_part_
     _assert_exactly_once(tmp_path, expected[EVENTS])
 
 
+def test_a_checkpoint_in_flight_when_the_input_ends_completes_instead_of_being_aborted(spark, tmp_path, expected):
+    """Checkpoint 1's acknowledgements take 3 s, longer than the whole input takes to
+    read: the input ends while it is in flight. The job lets it complete before its
+    final checkpoint; ending the input is no checkpoint failure."""
+    events = Events(total=8_000)  # two epochs of input
+    job = _run(spark, tmp_path, "inflight", [
+        {"participant": "*", "action": "slow_ack", "seconds": 3, "checkpoints": [1]},
+    ], events=events, **{"execution.checkpointing.interval": "100 ms"})
+
+    assert job.alarms == [], "no checkpoint failed"
+    # Periodic triggers meeting checkpoint 1 in flight are refused "not now", never counted.
+    assert set(job.reasons()) <= {R.TOO_MANY_CONCURRENT.name}, job.reasons()
+    assert job.completed_ids[0] == 1 and len(job.completed_ids) == 2, job.completed_ids
+    _assert_exactly_once(tmp_path, expected_windows(spark, events))
+
+
 def test_seed001_sync_part_failure_of_a_state_subtask_or_the_sink_fails_only_that_checkpoint(
         spark, tmp_path, expected):
     job = _run(spark, tmp_path, "seed001sync", [

@@ -48,6 +48,24 @@ def test_job_leaving_running_stops_triggers_and_aborts_pending_uncounted():
     assert h.gateway.triggered_ids == [1, 2]
 
 
+def test_stopping_periodic_triggers_lets_the_checkpoint_in_flight_complete():
+    """The end of a bounded input: no new periodic checkpoint, and the one in flight is
+    not aborted; it completes, and the forced final one after it."""
+    h = make_harness(interval_ms=1000)
+    h.coordinator.job_status_changed("RUNNING")
+    h.scheduler.advance(h.scheduler.next_due_ms())
+    assert h.coordinator.checkpoints_in_flight()
+    h.coordinator.stop_periodic_triggers()
+    h.scheduler.advance(5000)  # five intervals, within the checkpoint timeout
+    assert h.gateway.triggered_ids == [1] and h.gateway.aborted_ids == []
+    h.ack_all(1)
+    assert not h.coordinator.checkpoints_in_flight()
+    final = h.trigger(forced=True)
+    h.ack_all(2)
+    assert final.result(0).checkpoint_id == 2
+    assert h.events == [] and h.gateway.notified == [1, 2]
+
+
 def test_starting_twice_keeps_one_periodic_timer():
     h = make_harness(interval_ms=1000, timeout_ms=100_000, max_concurrent=10)
     h.coordinator.start_scheduler()
