@@ -10,6 +10,12 @@ read_committed, so both are exactly-once; the faster is KafkaSource's default.
 Each reader runs `--repeats` times after one warm-up; the best run counts.
 Every column is consumed (sum of value lengths, max offset), so no reader can skip
 the payload.
+
+    python bench/kafka_read.py --epoch-records 200   # small epochs: seconds per epoch read
+
+With --epoch-records, each reader reads successive epochs of that many records per
+partition, as a streaming job with small epochs does, and the median seconds per epoch
+read counts (a reader with a fixed wait per read shows it here, not in bulk reads).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -71,6 +78,28 @@ def measure(spark, bootstrap: str, topic: str, reader: str, repeats: int) -> dic
             "records_per_s": round(expected / best), "runs_s": [round(t, 3) for t in timings]}
 
 
+def measure_epochs(spark, bootstrap: str, topic: str, reader: str, per_partition: int, epochs: int) -> dict:
+    from pyspark.sql import functions as F
+
+    source = KafkaSource(bootstrap, topic, reader=reader,  # type: ignore[arg-type]
+                         max_records_per_partition_per_epoch=per_partition)
+    source.open(SourceContext(spark=spark, job_name="bench-epochs"))
+    positions = source.initial_positions()
+    timings = []
+    for _ in range(epochs + 1):  # the first read warms up
+        plan = source.plan(positions)
+        expected = sum(plan.end[s] - plan.start[s] for s in plan.end)
+        started = time.perf_counter()
+        n = source.read(plan).agg(F.count("*").alias("n")).collect()[0]["n"]
+        timings.append(time.perf_counter() - started)
+        assert n == expected > 0, f"{reader} read {n} records, expected {expected}"
+        positions = plan.end
+    source.close()
+    median = statistics.median(timings[1:])
+    return {"reader": reader, "records_per_partition_per_epoch": per_partition, "epochs": epochs,
+            "median_epoch_read_s": round(median, 3), "runs_s": [round(t, 3) for t in timings]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -78,6 +107,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--bootstrap-servers", help="an existing cluster; default: a local broker")
+    parser.add_argument("--epoch-records", type=int,
+                        help="read successive epochs of this many records per partition instead")
+    parser.add_argument("--epochs", type=int, default=10)
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -91,8 +123,12 @@ def main() -> None:
         produce_s = produce(bootstrap, topic, args.records, args.partitions)
         spark = get_or_create_spark(args.master, app_name="kafka-read-bench",
                                     extra_conf={"spark.jars": ",".join(spark_connector_jars())})
-        results = [measure(spark, bootstrap, topic, reader, args.repeats)
-                   for reader in ("confluent", "spark")]
+        if args.epoch_records:
+            results = [measure_epochs(spark, bootstrap, topic, reader, args.epoch_records, args.epochs)
+                       for reader in ("confluent", "spark")]
+        else:
+            results = [measure(spark, bootstrap, topic, reader, args.repeats)
+                       for reader in ("confluent", "spark")]
         print(json.dumps({"records": args.records, "partitions": args.partitions,
                           "master": args.master, "produce_s": round(produce_s, 2),
                           "cpu_count": os.cpu_count(), "results": results}, indent=2))

@@ -253,6 +253,10 @@ class OffsetRange:
     end: int  # exclusive
 
 
+# The most messages one consume() call hands over.
+_CONSUME_BATCH = 10_000
+
+
 def _read_range(config: Mapping[str, Any], rng: OffsetRange, batch_rows: int,
                 stall_timeout_s: float) -> Iterator[pa.RecordBatch]:
     """Records of one range, in offset order. Runs on an executor."""
@@ -264,8 +268,14 @@ def _read_range(config: Mapping[str, Any], rng: OffsetRange, batch_rows: int,
         pending: list[Any] = []
         last_progress = time.monotonic()
         done = False
+        next_offset = rng.start
         while not done:
-            messages = consumer.consume(num_messages=10_000, timeout=1.0)
+            # consume() returns once it holds num_messages or its timeout passed: asking
+            # for more than the range still lacks would wait out the timeout every time
+            # (most of a small epoch). A range ending in a transaction marker (never
+            # delivered) gets the partition's EOF event in its place.
+            wanted = max(1, min(_CONSUME_BATCH, rng.end - next_offset))
+            messages = consumer.consume(num_messages=wanted, timeout=1.0)
             if not messages:
                 if time.monotonic() - last_progress > stall_timeout_s:
                     raise KafkaConnectorError(
@@ -275,6 +285,7 @@ def _read_range(config: Mapping[str, Any], rng: OffsetRange, batch_rows: int,
                 continue
             last_progress = time.monotonic()
             records, done = _records_before_end(messages, rng)
+            next_offset = max(next_offset, messages[-1].offset() + 1)
             pending.extend(records)
             if len(pending) >= batch_rows:
                 yield _to_batch(pending, rng)
