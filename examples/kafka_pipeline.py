@@ -18,6 +18,8 @@ Settings come from environment variables (defaults in brackets):
   SPARKPOINT_KAFKA_MAX_PER_EPOCH  records per partition per epoch [10000]
   SPARKPOINT_KAFKA_BOUNDED     1: stop (final checkpoint, FINISHED) once the input
                                present at start is read; 0: run until Ctrl-C  [0]
+  SPARKPOINT_KAFKA_TRANSACTION_TIMEOUT_S  seconds a checkpoint's Kafka commit may take
+                               before it is given up and retried by the next [60]
 
 Kill it with `kill -9` at any moment and run it again: it resumes from the last
 completed checkpoint; the output topic holds every update exactly once.
@@ -41,6 +43,7 @@ OUTPUT_TOPIC = os.environ.get("SPARKPOINT_KAFKA_OUTPUT", "user-totals")
 GROUP = os.environ.get("SPARKPOINT_KAFKA_GROUP", "sparkpoint-example")
 MAX_PER_EPOCH = int(os.environ.get("SPARKPOINT_KAFKA_MAX_PER_EPOCH", "10000"))
 BOUNDED = os.environ.get("SPARKPOINT_KAFKA_BOUNDED", "0") == "1"
+TRANSACTION_TIMEOUT_S = float(os.environ.get("SPARKPOINT_KAFKA_TRANSACTION_TIMEOUT_S", "60"))
 
 EVENT_SCHEMA = "user string, amount bigint"
 
@@ -69,5 +72,6 @@ pipeline = (
     .stateful(KeyedAggregate("user_totals", ["user"], "amount", value_type="bigint"))
     .map_output(to_kafka_records)
     # staging_dir unset: rows wait for their checkpoint beside the job's checkpoints.
-    .sink(KafkaSink(BOOTSTRAP, OUTPUT_TOPIC, key_column="key", value_column="value"))
+    .sink(KafkaSink(BOOTSTRAP, OUTPUT_TOPIC, key_column="key", value_column="value",
+                    transaction_timeout_s=TRANSACTION_TIMEOUT_S))
 )
