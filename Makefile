@@ -64,16 +64,27 @@ demo: check-java $(VENV)/.installed-demo
 spark-cds: bootstrap
 	$(PY) -m tests.servers.spark_cds
 
+# The tests that start a JVM: a SparkSession, a Kafka broker, a standalone cluster or a
+# job process (tests/conftest.py marks each test from the fixtures it uses).
+JVM_TESTS := spark or e2e or kafka or cluster or packaging
+
+# Everything, in two passes: the tests that start no JVM on four pytest-xdist workers
+# (they wait on servers and sleeps as much as they compute), then the JVM tests on one
+# process (two workers each starting job JVMs on two cores made the run slower). Both
+# passes run whatever the first's outcome; the slowest tests are printed at the end.
 test: bootstrap kafka-jars chromium spark-cds
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+	@rc=0; \
+	SPARKPOINT_TEST_TIMES=$(CURDIR)/.cache/test-times-no-jvm.json \
+		$(PY) -m pytest -q -p no:cacheprovider -n 4 --durations=10 tests -m "not ($(JVM_TESTS))" || rc=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests -m "$(JVM_TESTS)" || rc=$$?; \
+	exit $$rc
 
 # The tier that starts no JVM: unit tests, the contract suites of checkpoint storage and
 # sinks (local, memory://, an S3 API), the Nexmark references and everything else that
-# needs no SparkSession, Kafka broker, standalone cluster or job process (tests/conftest.py
-# marks each test from the fixtures it uses). `make test` runs these and all the others.
+# needs no SparkSession, Kafka broker, standalone cluster or job process. `make test`
+# runs these first, then all the others.
 test-fast: bootstrap
-	$(PY) -m pytest -q -p no:cacheprovider -n 4 --durations=25 tests \
-		-m "not (spark or e2e or kafka or cluster or packaging)"
+	$(PY) -m pytest -q -p no:cacheprovider -n 4 --durations=25 tests -m "not ($(JVM_TESTS))"
 
 # `sparkpoint chaos --storm` over 20 seeds (SEEDS=N to change) on a Delta sink with checkpoints
 # on an S3 API and on Kafka source and sink: every fault kind once per seed. The reports (runs,
