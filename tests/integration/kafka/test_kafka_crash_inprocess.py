@@ -45,7 +45,6 @@ JOB_NAME = "kafka-example"   # the example's Pipeline name
 EVENTS, USERS, PARTITIONS = 60_000, 300, 3
 PER_EPOCH = 4_000            # per partition: 5 epochs of data
 COMPLETED = r"completed checkpoint (\d+) of job"
-SINK_TIMEOUT_S = 20
 _loads = itertools.count()
 
 
@@ -54,11 +53,7 @@ def example_pipeline(bootstrap: str, input_topic: str, output_topic: str):
     would read them (a fresh module each time: it reads them at import)."""
     env = {"SPARKPOINT_KAFKA_BOOTSTRAP": bootstrap, "SPARKPOINT_KAFKA_INPUT": input_topic,
            "SPARKPOINT_KAFKA_OUTPUT": output_topic, "SPARKPOINT_KAFKA_GROUP": f"group-{output_topic}",
-           "SPARKPOINT_KAFKA_MAX_PER_EPOCH": str(PER_EPOCH), "SPARKPOINT_KAFKA_BOUNDED": "0",
-           # A commit caught in the broker's restart blocks until this passes (librdkafka
-           # cannot be woken), then the next checkpoint's commit publishes it: 20 s, not
-           # the example's 60, so the test does not sit out a minute of it.
-           "SPARKPOINT_KAFKA_TRANSACTION_TIMEOUT_S": str(SINK_TIMEOUT_S)}
+           "SPARKPOINT_KAFKA_MAX_PER_EPOCH": str(PER_EPOCH), "SPARKPOINT_KAFKA_BOUNDED": "0"}
     spec = importlib.util.spec_from_file_location(f"kafka_example_{next(_loads)}", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     with mock.patch.dict(os.environ, env):
@@ -237,7 +232,7 @@ def test_the_kafka_example_is_exactly_once_across_two_crashes_and_a_broker_resta
         broker.start()
         after = int(final.wait_for(COMPLETED, timeout=120, start_at=len(final.lines)).group(1))
         # The sink's commit marker reaches a checkpoint completed after the broker returned.
-        # (A commit caught in the outage may take the sink's timeout to give up.)
+        # (A commit caught in the outage may take the sink's 60 s timeout to give up.)
         _wait_until(lambda: sink_marker(bootstrap, final.job.coordinator.completed_store.latest().handles[
             "sink:kafka"], output_topic) >= after, 200, f"the sink to publish checkpoint {after}", final)
         final.job.stop(savepoint=False).result(120)   # what SIGTERM asks for: a last checkpoint
