@@ -286,9 +286,7 @@ class CheckpointCoordinator:
         the checkpoints already in flight go on: for the end of a bounded input, which
         lets them complete before the forced final one."""
         with self._lock:
-            self._trigger_request_queued = False
-            self._periodic_scheduling = False
-            self._cancel_periodic_trigger()
+            self._stop_periodic_locked()
 
     def checkpoints_in_flight(self) -> bool:
         """A checkpoint is being triggered (waiting for storage), pending, or finalizing."""
@@ -369,9 +367,7 @@ class CheckpointCoordinator:
     def _take_everything(self, reason: R) -> tuple[list[_TriggerAttempt], list[PendingCheckpoint]]:
         """Stop periodic triggers; take every trigger and pending checkpoint. Call with
         `_lock` held, then `_report_stopped` without it."""
-        self._trigger_request_queued = False
-        self._periodic_scheduling = False
-        self._cancel_periodic_trigger()
+        self._stop_periodic_locked()
         return self._take_all_attempts(reason), self._take_all_pending(reason)
 
     def _report_stopped(self, stopped: tuple[list[_TriggerAttempt], list[PendingCheckpoint]],
@@ -1068,6 +1064,12 @@ class CheckpointCoordinator:
             self._cancel_periodic_trigger()
             self._periodic_trigger = self._scheduler.schedule_at_fixed_rate(
                 0, self.config.interval_ms, self._on_periodic_timer)
+
+    def _stop_periodic_locked(self) -> None:
+        """Call with `_lock` held: no periodic trigger from now on, none queued."""
+        self._trigger_request_queued = False
+        self._periodic_scheduling = False
+        self._cancel_periodic_trigger()
 
     def _cancel_periodic_trigger(self) -> None:
         if self._periodic_trigger is not None:
