@@ -132,6 +132,11 @@ class Settings(_Model):
     # 10 rides out a ~20 s outage at a 2 s interval while still surfacing a dead store.
     tolerable_failed_checkpoints: int = Field(10, alias="execution.checkpointing.tolerable-failed-checkpoints")
     num_retained: int = Field(3, alias="execution.checkpointing.num-retained")
+    # A completed checkpoint whose commit (publishing its sink output) fails is published by
+    # the next checkpoint's commit. After more failed commits in a row than this, the job
+    # fails over, so a sink that can no longer publish shows as a failover and not as a
+    # RUNNING job whose output stopped; recovery publishes what the restored checkpoint staged.
+    tolerable_failed_commits: int = Field(5, alias="sparkpoint.sink.tolerable-failed-commits")
     checkpointing_enabled: bool = Field(True, alias="execution.checkpointing.enabled")
     storage_options: dict[str, Any] = Field(default_factory=dict, alias="execution.checkpointing.storage-options")
     # Where savepoints may be written besides below execution.checkpointing.dir, whoever
@@ -349,8 +354,8 @@ class Settings(_Model):
                                  f"not {type(value).__name__}")
         return out
 
-    @field_validator("tolerable_failed_checkpoints", "checkpoint_min_pause_ms", "same_failure_max_attempts",
-                     "epoch_target_ms", "epoch_max_ms", "executor_registration_timeout_ms")
+    @field_validator("tolerable_failed_checkpoints", "tolerable_failed_commits", "checkpoint_min_pause_ms",
+                     "same_failure_max_attempts", "epoch_target_ms", "epoch_max_ms", "executor_registration_timeout_ms")
     @classmethod
     def _non_negative(cls, v: int | None) -> int | None:
         if v is not None and v < 0:

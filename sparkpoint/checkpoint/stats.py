@@ -66,6 +66,8 @@ class CheckpointStatsTracker:
         self._aborted = 0  # started checkpoints ended by a stop or a newer completion
         self._declined = 0  # "not now" refusals before an id was assigned
         self._restored = 0
+        self._commit_failures = 0  # commits of completed checkpoints that failed
+        self._consecutive_commit_failures = 0
         self._failed_by_reason: _Tally[str] = _Tally()
         self._restore_refusals: _Tally[str] = _Tally()
         self._in_progress: set[int] = set()
@@ -116,8 +118,15 @@ class CheckpointStatsTracker:
         self._m_refused = Counter("sparkpoint_restore_refusals",
                                   "Restores refused before anything ran, by reason", labels + ["reason"],
                                   registry=self.registry)
+        self._m_commit_failed = Counter("sparkpoint_checkpoint_commit_failures",
+                                        "Commits of completed checkpoints (publishing sink output) that failed",
+                                        labels, registry=self.registry)
+        self._m_commit_streak = Gauge("sparkpoint_checkpoint_commit_consecutive_failures",
+                                      "Commits of completed checkpoints that failed since the last one that "
+                                      "succeeded", labels, registry=self.registry)
         # Present from the start, so a dashboard shows 0 rather than "no data".
-        for m in (self._m_triggered, self._m_completed, self._m_in_progress, self._m_restored):
+        for m in (self._m_triggered, self._m_completed, self._m_in_progress, self._m_restored,
+                  self._m_commit_failed, self._m_commit_streak):
             m.labels(self.job_name)
 
     # ------------------------------------------------------------------ reports
@@ -253,6 +262,20 @@ class CheckpointStatsTracker:
                                    is not None else self._now_ms()}
         self._m_restored.labels(self.job_name).inc()
 
+    def report_commit(self, failed: bool) -> int:
+        """A completed checkpoint's commit ended; returns the failed commits in a row."""
+        with self._lock:
+            if failed:
+                self._commit_failures += 1
+                self._consecutive_commit_failures += 1
+            else:
+                self._consecutive_commit_failures = 0
+            streak = self._consecutive_commit_failures
+        if failed:
+            self._m_commit_failed.labels(self.job_name).inc()
+        self._m_commit_streak.labels(self.job_name).set(streak)
+        return streak
+
     def report_restore_refused(self, reason: RestoreRefusal) -> None:
         """The job refused to start from its checkpoints (or a savepoint) for `reason`."""
         with self._lock:
@@ -273,6 +296,8 @@ class CheckpointStatsTracker:
                 "declined": self._declined,
                 "restored": self._restored,
                 "restore_refusals": dict(self._restore_refusals),
+                "commit_failures": self._commit_failures,
+                "consecutive_commit_failures": self._consecutive_commit_failures,
                 "failures_by_reason": dict(self._failed_by_reason),
                 # What a person calls "failed": reasons that count toward the tolerance
                 # (not "scheduler stopped at shutdown" and other not-now outcomes).

@@ -61,9 +61,12 @@ class RuntimeGateway:
     """Implements `checkpoint.interfaces.ParticipantGateway` for the epoch runtime."""
 
     def __init__(self, participants: Sequence[str], on_complete: Callable[[int, CompletedCheckpointData], None],
-                 upload_workers: int = 2):
+                 upload_workers: int = 2,
+                 on_commit_outcome: Callable[[int, BaseException | None], None] | None = None):
         self._participants = list(participants)
         self._on_complete = on_complete
+        # Told of every commit's outcome (the error, or None) after it ended.
+        self._on_commit_outcome = on_commit_outcome
         self._lock = threading.Lock()
         self._barriers: list[Barrier] = []
         self._inflight: dict[int, _InFlight] = {}
@@ -177,6 +180,7 @@ class RuntimeGateway:
         Raises what the commit raises."""
         self._on_complete(checkpoint_id, data)
         self._commit_done(checkpoint_id, data, None)
+        self._tell_outcome(checkpoint_id, None)
 
     def _commit_done(self, checkpoint_id: int, data: CompletedCheckpointData, error: BaseException | None) -> None:
         with self._lock:
@@ -203,5 +207,15 @@ class RuntimeGateway:
             log.warning("post-completion commit for checkpoint %d failed: %s; it is retried by the next "
                         "checkpoint or on restore", checkpoint_id, summarize(e), exc_info=log.isEnabledFor(logging.DEBUG))
             self._commit_done(checkpoint_id, data, e)
+            self._tell_outcome(checkpoint_id, e)
         else:
             self._commit_done(checkpoint_id, data, None)
+            self._tell_outcome(checkpoint_id, None)
+
+    def _tell_outcome(self, checkpoint_id: int, error: BaseException | None) -> None:
+        if self._on_commit_outcome is None:
+            return
+        try:
+            self._on_commit_outcome(checkpoint_id, error)
+        except Exception:  # a listener's bug must not stop the commits after this one
+            log.exception("the listener of checkpoint %d's commit failed", checkpoint_id)

@@ -263,7 +263,8 @@ class JobMaster:
         self.storage, self._lease_keeper = open_job_storage(
             s.checkpoint_dir, self.job_name, s.storage_options, run_id=self.run_id,
             lease_ttl_ms=s.lease_ttl_ms, fault_rules=s.faults, on_lease_lost=self._on_lease_lost)
-        self.gateway = RuntimeGateway(self.participants(), self._on_checkpoint_complete)
+        self.gateway = RuntimeGateway(self.participants(), self._on_checkpoint_complete,
+                                      on_commit_outcome=self._on_commit_outcome)
         if any(sink.needs_epoch_plans for sink in self.sinks.values()):  # cannot withdraw published output: log what each epoch ran
             from sparkpoint.storage.epoch_plans import EpochPlanLog
 
@@ -339,6 +340,21 @@ class JobMaster:
     def _on_checkpoint_complete(self, checkpoint_id: int, data) -> None:
         """The gateway's committer thread, once `_metadata` is durable (runtime/snapshots.py)."""
         self.committer.on_complete(checkpoint_id, data)
+
+    def _on_commit_outcome(self, checkpoint_id: int, error: BaseException | None) -> None:
+        """The committer thread, after a completed checkpoint's commit ended. A failed one is
+        made up for by the next commit (handles are cumulative); failing more than
+        `sparkpoint.sink.tolerable-failed-commits` times in a row, the job fails over:
+        output that stopped being published must not look like a healthy job."""
+        streak = self.coordinator.stats.report_commit(failed=error is not None)
+        limit = self.settings.tolerable_failed_commits
+        if error is None or streak <= limit or self._failover_reason:
+            return
+        self._failover_reason = (
+            f"the commits of {streak} completed checkpoints in a row failed, more than "
+            f"sparkpoint.sink.tolerable-failed-commits={limit} (last: checkpoint {checkpoint_id}: "
+            f"{_summary(error)}); the output stays staged and recovery publishes it")
+        log.warning("job %s fails over: %s", self.job_name, self._failover_reason)
 
     def _warn_settings_for_own_sessions(self) -> None:
         """spark.master and spark.conf configure a session sparkpoint creates; the one
@@ -568,6 +584,9 @@ class JobMaster:
             if refusal is not None:  # the error's own line is what the job prints; this counts it
                 self.coordinator.stats.report_restore_refused(refusal)
             raise
+        # The sinks' recovery committed what the restored checkpoint staged: the failed
+        # commits before it no longer count against the next ones.
+        self.coordinator.stats.report_commit(failed=False)
 
     def _failing_step(self, e: BaseException) -> str | None:
         text = str(e)

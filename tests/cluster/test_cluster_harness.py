@@ -25,7 +25,7 @@ import json, os, socket, sys
 from pyspark import BarrierTaskContext
 from pyspark.sql import SparkSession
 
-master, state, conf, mode = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+master, state, conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 builder = (SparkSession.builder.master(master).appName("cluster-probe")
            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
            .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1"))
@@ -53,21 +53,20 @@ def probe(_):
 
 res = sc.parallelize(range(2), 2).barrier().mapPartitions(probe).collect()
 print("PROBE " + json.dumps(res), flush=True)
-if mode == "kill":
-    sys.stdin.readline()  # the test kills a worker meanwhile
-    after = sc.parallelize(range(4), 4).map(lambda _: (os.getcwd(), os.getpid())).collect()
-    print("AFTER " + json.dumps(after), flush=True)
+sys.stdin.readline()  # the test kills a worker meanwhile
+after = sc.parallelize(range(4), 4).map(lambda _: (os.getcwd(), os.getpid())).collect()
+print("AFTER " + json.dumps(after), flush=True)
 spark.stop()
 print("DONE", flush=True)
 '''
 
 
-def _start_driver(cluster, tmp_path: Path, mode: str) -> Proc:
+def _start_driver(cluster, tmp_path: Path) -> Proc:
     script = tmp_path / "probe_driver.py"
     script.write_text(PROBE_DRIVER)
     env = dict(cluster.env(), PYTHONUNBUFFERED="1")
     popen = subprocess.Popen([sys.executable, str(script), cluster.master_url, str(cluster.state_path),
-                              json.dumps(spark_conf(cluster)), mode],
+                              json.dumps(spark_conf(cluster))],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              cwd=tmp_path, env=env, start_new_session=True)
     return Proc(popen)
@@ -95,14 +94,7 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_cluster_each_executor_state_dir_is_private(cluster, tmp_path):
-    proc = _start_driver(cluster, tmp_path, "probe")
-    try:
-        m = proc.wait_for(r"^PROBE (.*)$", timeout=180)
-        proc.wait_for(r"^DONE$", timeout=60)
-    finally:
-        proc.kill9()
-    tasks = json.loads(m.group(1))
+def _assert_private_state_dirs(cluster, tmp_path: Path, tasks: list[dict]) -> None:
     assert len(tasks) == 2
     workers = {_worker_of(cluster, t["cwd"]) for t in tasks}
     assert workers == {0, 1}, f"the two tasks must run on different workers: {tasks}"
@@ -116,17 +108,19 @@ def test_cluster_each_executor_state_dir_is_private(cluster, tmp_path):
         assert t["mode"] == "0o700", t
     # The driver (and this test process) see the plain, empty directory.
     assert list(cluster.state_path.iterdir()) == []
-    names = {t["file"] for t in tasks}
-    leaked = [p for p in cluster.root.rglob("*") if p.name in names] + \
-             [p for p in tmp_path.rglob("*") if p.name in names]
+    leaked = [p for p in cluster.root.rglob("*") if p.name in probes] + \
+             [p for p in tmp_path.rglob("*") if p.name in probes]
     assert leaked == [], "state files must exist only in the workers' private mounts"
 
 
-def test_cluster_kill_worker_leaves_nothing_alive_and_other_worker_runs_jobs(cluster, tmp_path):
-    proc = _start_driver(cluster, tmp_path, "kill")
+def test_cluster_state_dirs_are_private_and_a_killed_worker_leaves_nothing_alive_while_the_other_runs_jobs(
+        cluster, tmp_path):
+    """One driver (a driver JVM start is most of the cost): the probe job, then a worker
+    killed between two jobs."""
+    proc = _start_driver(cluster, tmp_path)
     try:
         m = proc.wait_for(r"^PROBE (.*)$", timeout=180)
-        assert {_worker_of(cluster, t["cwd"]) for t in json.loads(m.group(1))} == {0, 1}
+        _assert_private_state_dirs(cluster, tmp_path, json.loads(m.group(1)))
         worker_pid = cluster.worker_pids[1]
         before = cluster.processes(1)
         cmdlines = {pid: _cmdline(pid) for pid in before}

@@ -134,6 +134,55 @@ def test_a_final_commit_that_keeps_failing_never_reports_finished(spark, tmp_pat
     assert job.status.status is JobStatus.FAILED
 
 
+class CommitsFailingJob(ObservedJob):
+    """After the first completed checkpoint, the sink's next `fail_commits` commits fail
+    (a sink that cannot publish any more: a producer stuck in its client, revoked write
+    access); the ones after succeed, the recovery's included."""
+
+    fail_commits = 0
+
+    def _setup(self) -> None:
+        super()._setup()
+        commit = self.sink.commit
+
+        def failing_commit(handle):
+            if self.completed_ids and self.fail_commits > 0:
+                self.fail_commits -= 1
+                raise StorageError("injected fault: publishing the sink's staged files")
+            return commit(handle)
+
+        self.sink.commit = failing_commit
+
+
+def test_commits_failing_more_times_in_a_row_than_tolerated_fail_over_and_recovery_publishes_once(
+        spark, tmp_path, expected, caplog):
+    """Without the bound, each failed commit waits for the next checkpoint's, for ever: the
+    job says RUNNING and its output has stopped."""
+    job = CommitsFailingJob(PACED.pipeline("stuck", tmp_path / "out"),
+                            settings(tmp_path, "stuck", [], **PACED_CHECKPOINTS,
+                                     **{"sparkpoint.sink.tolerable-failed-commits": 2}), spark=spark)
+    job.fail_commits = 3
+    result = job.run()
+    assert result.status is JobStatus.FINISHED and result.restarts == 1
+    assert job.fail_commits == 0
+    stats = job.coordinator.stats.snapshot()
+    assert (stats["commit_failures"], stats["consecutive_commit_failures"]) == (3, 0)
+    assert "fails over: the commits of 3 completed checkpoints in a row failed, more than " \
+           "sparkpoint.sink.tolerable-failed-commits=2" in caplog.text
+    assert _output(tmp_path) == expected[PACED]
+
+
+def test_commits_failing_within_the_tolerance_are_made_up_for_without_a_failover(spark, tmp_path, expected):
+    job = CommitsFailingJob(PACED.pipeline("hiccup", tmp_path / "out"),
+                            settings(tmp_path, "hiccup", [], **PACED_CHECKPOINTS,
+                                     **{"sparkpoint.sink.tolerable-failed-commits": 2}), spark=spark)
+    job.fail_commits = 2
+    result = job.run()
+    assert result.status is JobStatus.FINISHED and result.restarts == 0
+    assert job.coordinator.stats.snapshot()["commit_failures"] == 2
+    assert _output(tmp_path) == expected[PACED]
+
+
 def test_a_storage_outage_during_restore_is_not_a_permanent_failure(spark, tmp_path, expected):
     """The epoch fails once; then checkpoint storage refuses the reads of the restore for a
     while (each restore attempt fails with the same StorageError). The job keeps restarting

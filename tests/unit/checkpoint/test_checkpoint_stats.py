@@ -40,3 +40,18 @@ def test_trackers_with_default_registries_do_not_collide():
 def test_empty_snapshot():
     snap = CheckpointStatsTracker("orders").snapshot()
     assert snap["completed"] == 0 and snap["duration_p50_ms"] is None and snap["last_completed_id"] is None
+
+
+def test_failed_commits_are_counted_and_a_success_ends_the_streak():
+    registry = CollectorRegistry()
+    stats = CheckpointStatsTracker("orders", registry)
+    labels = {"job_name": "orders"}
+    assert registry.get_sample_value("sparkpoint_checkpoint_commit_failures_total", labels) == 0
+    assert [stats.report_commit(failed=True) for _ in range(3)] == [1, 2, 3]
+    assert registry.get_sample_value("sparkpoint_checkpoint_commit_consecutive_failures", labels) == 3
+    assert stats.report_commit(failed=False) == 0
+    assert stats.report_commit(failed=True) == 1
+    snap = stats.snapshot()
+    assert (snap["commit_failures"], snap["consecutive_commit_failures"]) == (4, 1)
+    assert registry.get_sample_value("sparkpoint_checkpoint_commit_failures_total", labels) == 4
+    assert registry.get_sample_value("sparkpoint_checkpoint_commit_consecutive_failures", labels) == 1
