@@ -53,8 +53,10 @@ def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
 # What a test needs is marked from the fixtures it uses, so a tier chosen by marker
 # (`make test-fast`: no JVM) never starts one through a test nobody marked. That tier
 # runs on four pytest-xdist workers (its tests wait on servers and sleeps as much as they
-# compute); `make test` runs on one process: on two cores, two
-# workers each starting job JVMs made the whole run slower, not faster.
+# compute). `make test` runs the JVM tests in two processes side by side (the Makefile's
+# JVM_SERVERS and JVM_SESSION): the tests that start job processes or use a server, so the
+# run's one broker, S3 server and cluster stay one, and the in-process tests on a session
+# of their own. pytest-xdist does not split them: its workers would each start the servers.
 _NEEDS = (("spark", "spark"), ("kafka_broker", "kafka"), ("s3_server", "s3"), ("cluster", "cluster"))
 
 
