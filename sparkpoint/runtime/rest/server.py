@@ -102,6 +102,7 @@ class RestServer:
             self._owns_collector = False
         _declare_kafka_metrics(registry)
         self._lock = threading.Lock()
+        self._closing = False
         self._operations: dict[str, _Operation] = {}
         self._httpd = _bind(host, port, self)
         self.host, self.port = self._httpd.server_address[:2]
@@ -124,6 +125,13 @@ class RestServer:
                          name="sparkpoint-metrics", daemon=True).start()
 
     def close(self, linger_s: float = _LINGER_S) -> None:
+        """Stop serving (after up to `linger_s` for callers still fetching an outcome).
+        Idempotent: the job closes it when it ends, and whoever tidies up after the job
+        may close it again, also while the first close is still under way."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
         deadline = time.monotonic() + linger_s
         while time.monotonic() < deadline and self._unfetched():
             time.sleep(0.05)
