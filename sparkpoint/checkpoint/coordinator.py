@@ -592,7 +592,10 @@ class CheckpointCoordinator:
             now_ms=self._scheduler.now_ms(), shutdown=self._shutdown,
             periodic_scheduling=self._periodic_scheduling,
             request_queued=self._trigger_request_queued,
-            pending_count=len(self._pending) + len(self._triggering),
+            # A checkpoint writing its `_metadata` is still in flight (Flink keeps it among
+            # the pending ones until it completes): a trigger racing its completion could
+            # fail and be counted before the completion resets the count.
+            pending_count=len(self._pending) + len(self._triggering) + len(self._finalizing),
             max_concurrent=self.config.max_concurrent, last_completion_ms=self._last_completion_ms,
             min_pause_ms=self.config.min_pause_ms, suspended=self._suspended))
         if decision.queue_request:

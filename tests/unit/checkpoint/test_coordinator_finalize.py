@@ -332,3 +332,24 @@ def test_abort_cleanup_runs_even_if_reporting_the_failure_raises():
     assert failure_reason(future) is R.DECLINED_BY_TASK
     assert h.gateway.aborted_ids == [1]
     assert h.storage.discarded_locations == [1]
+
+
+def test_a_checkpoint_being_finalized_counts_as_in_flight_so_a_failure_of_the_next_cannot_outrun_its_success():
+    """max-concurrent 1: while checkpoint 2 writes its `_metadata`, no checkpoint 3 starts.
+    Otherwise 3 could fail (storage down for it) and be counted before 2's success
+    reset the count: with 2 failures before it and a tolerance of 2, the job failed over
+    although a checkpoint had just completed (seen in a CI run)."""
+    storage = StallingStorage()
+    h = make_harness(storage=storage, max_concurrent=1, tolerable_failed=2)
+    h.complete(h.trigger())  # 1
+    gate = storage.stall("commit_metadata")
+    h.trigger()  # 2
+    acker = threading.Thread(target=h.ack_all, args=(2,), daemon=True)
+    acker.start()
+    assert gate.entered.wait(WAIT_S)
+    refused = h.trigger()
+    assert failure_reason(refused) is R.TOO_MANY_CONCURRENT
+    gate.open()
+    acker.join(WAIT_S)
+    assert h.coordinator.completed_store.latest().checkpoint_id == 2
+    assert h.failed_jobs == []
