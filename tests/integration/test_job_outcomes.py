@@ -7,6 +7,7 @@ output is compared with the batch answer of failure_support.expected_windows."""
 from __future__ import annotations
 
 import shutil
+from typing import Callable
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -94,6 +95,18 @@ class FinalCheckpointJob(ObservedJob):
         super()._finish()
 
 
+def _fail_sink_commits(job, fails: Callable[[], bool]) -> None:
+    """The job's sink commit raises an injected fault whenever `fails()` says so."""
+    commit = job.sink.commit
+
+    def failing_commit(handle):
+        if fails():
+            raise StorageError("injected fault: publishing the sink's staged files")
+        return commit(handle)
+
+    job.sink.commit = failing_commit
+
+
 class CommitFailingJob(FinalCheckpointJob):
     """The sink's commit of the final checkpoint fails `fail_final_commits` times."""
 
@@ -101,15 +114,13 @@ class CommitFailingJob(FinalCheckpointJob):
 
     def _setup(self) -> None:
         super()._setup()
-        commit = self.sink.commit
+        _fail_sink_commits(self, self._fails)
 
-        def failing_commit(handle):
-            if self.final_triggered and self.fail_final_commits > 0:
-                self.fail_final_commits -= 1
-                raise StorageError("injected fault: publishing the sink's staged files")
-            return commit(handle)
-
-        self.sink.commit = failing_commit
+    def _fails(self) -> bool:
+        if self.final_triggered and self.fail_final_commits > 0:
+            self.fail_final_commits -= 1
+            return True
+        return False
 
 
 def test_a_failed_commit_of_the_final_checkpoint_is_retried_before_the_job_reports_finished(
@@ -143,15 +154,13 @@ class CommitsFailingJob(ObservedJob):
 
     def _setup(self) -> None:
         super()._setup()
-        commit = self.sink.commit
+        _fail_sink_commits(self, self._fails)
 
-        def failing_commit(handle):
-            if self.completed_ids and self.fail_commits > 0:
-                self.fail_commits -= 1
-                raise StorageError("injected fault: publishing the sink's staged files")
-            return commit(handle)
-
-        self.sink.commit = failing_commit
+    def _fails(self) -> bool:
+        if self.completed_ids and self.fail_commits > 0:
+            self.fail_commits -= 1
+            return True
+        return False
 
 
 def test_commits_failing_more_times_in_a_row_than_tolerated_fail_over_and_recovery_publishes_once(
