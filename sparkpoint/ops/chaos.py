@@ -32,7 +32,8 @@ once per seed into the same job (see Chaos._storm): many faults for few Spark st
 
 The verdict compares each faulty run's committed output with the fault-free run's as
 multisets of rows (the sink's `epoch` column is left out: where epochs begin depends on
-timing, the rows do not): lost = rows missing, duplicated = rows committed too often.
+timing, the rows do not; epochs are not cut by time unless the config says so, see
+_fixed_epochs): lost = rows missing, duplicated = rows committed too often.
 The report (a table) is printed and written to `<workdir>/chaos-report.md`.
 """
 
@@ -597,6 +598,17 @@ class Chaos:
             return f"{self.checkpoint_base}/{run_tag(self.workdir, rundir)}"
         return str(rundir / "checkpoints")
 
+    def _fixed_epochs(self) -> list[str]:
+        """Epochs are not cut by time in chaos runs unless the config sizes them itself.
+        An epoch that outlasts the sizer's ceiling (a Spark start on a loaded machine
+        does) cuts the next ones smaller, and an update-mode step then commits other rows
+        for the same input (the running totals of other prefixes): the verdict would
+        count them as lost and unexpected although nothing was."""
+        settings = getattr(self, "settings", None)
+        if settings is None or settings.epoch_max_ms is not None or settings.epoch_target_ms:
+            return []
+        return ["sparkpoint.epoch.max-duration=0"]
+
     def command(self, rundir: Path, extra: list[str]) -> list[str]:
         sets = [*self.user_sets,
                 f"execution.checkpointing.dir={self.checkpoint_dir(rundir)}",
@@ -604,6 +616,7 @@ class Chaos:
                 "rest.port=0",                 # runs side by side must not fight over 8081
                 "sparkpoint.progress=true",    # the `RUNNING epoch` lines time the kills
                 "sparkpoint.faults=[]",        # a config's rehearsal rules never reach the fault-free run
+                *self._fixed_epochs(),
                 *extra]
         wrapper = rundir / "chaos_pipeline.py"
         cmd = [sys.executable, "-m", "sparkpoint.ops.cli", "--log-level", "INFO", "run", str(wrapper)]

@@ -63,3 +63,20 @@ def test_only_a_run_chaos_leaves_alone_is_told_it_may_run_unpaced(tmp_path: Path
     chaos.launch(rundir, "segment-0")
     chaos.launch(rundir, "segment-1", faults_done=True)
     assert [env.get(chaos_module.FAULTS_DONE_ENV) for env in started] == [None, "1"]
+
+
+def test_runs_keep_the_sources_epoch_boundaries_unless_the_config_sizes_epochs(tmp_path: Path) -> None:
+    """An update-mode step commits a row per key per epoch: if the sizer cut a slow
+    run's epochs and not the fault-free run's, their rows would differ with nothing lost.
+    A config that sizes epochs itself keeps its setting."""
+    from sparkpoint.config import Settings
+
+    def command(sets: tuple[str, ...]) -> list[str]:
+        chaos = Chaos(str(tmp_path / "pipeline.py"), None, sets, ["kill9"], 1, tmp_path, timeout=60, kills=None)
+        chaos.settings = Settings.load(None, list(sets))
+        return chaos.command(tmp_path / "run", [])
+
+    assert "sparkpoint.epoch.max-duration=0" in command(())
+    for own in ("sparkpoint.epoch.max-duration=20 s", "sparkpoint.epoch.target-duration=500 ms"):
+        cmd = command((own,))
+        assert "sparkpoint.epoch.max-duration=0" not in cmd and own in cmd
