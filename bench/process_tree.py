@@ -83,6 +83,46 @@ def tree_cpu_s(root_pid: int | None = None) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_by_part(root_pid: int | None = None) -> dict[str, float]:
+    """CPU seconds so far of `root_pid` (default: this process) and its live descendants,
+    by part: "driver" (the root), "python workers" (Spark's daemon and its workers), and
+    each JVM by thread group ("jvm: C2 CompilerThread", "jvm: Executor task launch
+    worker", ...: the thread's name without its number). Threads and processes that
+    ended are not counted, so take differences over a window where they live on (Spark
+    reuses its Python workers)."""
+    import re
+
+    tree, root = _children(), root_pid or os.getpid()
+    ticks = os.sysconf("SC_CLK_TCK")
+    todo, parts = [root], {}
+    while todo:
+        pid = todo.pop()
+        todo.extend(tree.get(pid, ()))
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                cmd = f.read()
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        java = "java" in cmd.split("\0", 1)[0]
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+            except OSError:
+                continue
+            if pid == root:
+                part = "driver"
+            elif java:
+                part = "jvm: " + (re.sub(r"[\d#-]+$", "", comm).strip() or comm)
+            else:
+                part = "python workers"
+            parts[part] = parts.get(part, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return parts
+
+
 def tree_rss_bytes(root_pid: int | None = None) -> int:
     return tree_rss(root_pid)[0]
 
