@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -122,6 +124,40 @@ def _partition_tags(spark, parallelism: int) -> list[int]:
     return _TAGS[key]
 
 
+_ROUTING: "weakref.WeakKeyDictionary[Any, dict[tuple, tuple[Any, Any]]]" = weakref.WeakKeyDictionary()
+_ROUTING_LOCK = threading.Lock()
+
+
+def _routing_columns(spark, key_columns: tuple[str, ...], parallelism: int, max_parallelism: int,
+                     order: tuple[int, ...]):
+    """(key group, partition tag): the columns that send each input row to its subtask.
+    The key group is pmod(xxhash64(keys), max_parallelism); the tag makes Spark's hash
+    partitioning into `parallelism` partitions put subtask order[i]'s rows in partition
+    i. Partition i of the shuffle then holds exactly one subtask's rows, and a task runs
+    for every partition, empty or not: every subtask runs every epoch (its state version
+    advances in lockstep and it takes its part of every barrier) without marker rows, a
+    union or a sort by group, which cost more than the state work on small epochs.
+
+    Built once per session and shape, not per epoch: each function and operator of a
+    classic session's Column is a py4j round trip (about 100 for these two, a quarter of
+    an epoch's), and a small epoch is CPU-bound (bench/epoch_fixed_cost.py). A Column is
+    an unresolved expression, so one serves every epoch's DataFrame."""
+    from pyspark.sql import functions as F
+
+    shape = (key_columns, parallelism, max_parallelism, order)
+    with _ROUTING_LOCK:
+        built = _ROUTING.setdefault(spark, {}).get(shape)
+    if built is not None:
+        return built
+    key_group = F.pmod(F.xxhash64(*[F.col(c) for c in key_columns]), F.lit(max_parallelism)).cast("int")
+    subtask = F.floor(F.col(KEY_GROUP_COL) * parallelism / max_parallelism).cast("int")
+    tags = _partition_tags(spark, parallelism)
+    partition_of = {s: i for i, s in enumerate(order)}
+    tag = F.element_at(F.array(*[F.lit(tags[partition_of[s]]) for s in range(parallelism)]), subtask + 1)
+    with _ROUTING_LOCK:
+        return _ROUTING.setdefault(spark, {}).setdefault(shape, (key_group, tag))
+
+
 def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_column: str | None,
               epoch: int, partition_order: Sequence[int] | None = None) -> EpochResult:
     """Run one epoch as one Spark job.
@@ -130,9 +166,11 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     None: subtask i. Why not always i: a Python worker keeps the stores of the subtasks it
     ran open (executor/kept_stores.py), and Spark hands a starting task the idle worker
     that was released first (its pool is a FIFO queue). Giving partition 0 to the subtask
-    whose task ended first last epoch (`EpochResult.worker_order`), and so on, sends most
-    subtasks back to the worker that holds their store open, warm, instead of half of
-    them to the other worker, which must wait for the store and read it cold."""
+    whose task ended first last epoch (`EpochResult.worker_order`), and so on, sends a
+    subtask back to the worker that holds its store open, warm, whenever the tasks ask
+    for their workers in partition order. They ask at about the same moment, so that is
+    a race: on small epochs about half the subtask-epochs win it (bench/observations.md,
+    2026-11-27); the others wait for the store and read it cold."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from sparkpoint.runtime.arrow_schema import arrow_schema
@@ -141,28 +179,17 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
         df, obs = _observe(df, event_time_column, epoch)
         return _run_stateless(df, obs, output, epoch)
 
-    from pyspark.sql import functions as F
-
     op = task.operator
     op.resolve_input_schema(arrow_schema(df.schema, _session_time_zone(spark)))
-    keys = [F.col(c) for c in op.key_columns]
     pre, obs = _pre_aggregate_counting(op, df, event_time_column, epoch)
     if task.initial_state and getattr(op, "initial_state", None) is not None:
         pre = pre.unionByName(_initial_state_rows(spark, op, pre), allowMissingColumns=True)
-    kg = F.pmod(F.xxhash64(*keys), F.lit(task.max_parallelism)).cast("int")
-    pre = pre.withColumn(KEY_GROUP_COL, kg)
-    subtask = F.floor(F.col(KEY_GROUP_COL) * task.parallelism / task.max_parallelism).cast("int")
-    # Partition i of the shuffle holds exactly subtask i's rows, and a task runs for every
-    # partition, empty or not: every subtask runs every epoch (its state version advances
-    # in lockstep and it takes its part of every barrier) without marker rows, a union
-    # or a sort by group, which cost more than the state work on small epochs.
-    tags = _partition_tags(spark, task.parallelism)
     order = list(partition_order) if partition_order is not None else []
     if sorted(order) != list(range(task.parallelism)):
         order = list(range(task.parallelism))
-    partition_of = {s: i for i, s in enumerate(order)}
-    tag = F.element_at(F.array(*[F.lit(tags[partition_of[s]]) for s in range(task.parallelism)]), subtask + 1)
-    rows = pre.repartition(task.parallelism, tag)
+    key_group, tag = _routing_columns(spark, tuple(op.key_columns), task.parallelism, task.max_parallelism,
+                                      tuple(order))
+    rows = pre.withColumn(KEY_GROUP_COL, key_group).repartition(task.parallelism, tag)
     in_schema = arrow_schema(rows.schema, _session_time_zone(spark))
     schema = output_schema_with_meta(op.output_schema)
 
