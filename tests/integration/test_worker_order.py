@@ -57,3 +57,14 @@ def test_any_partition_order_gives_every_subtask_its_own_rows_and_the_same_outpu
     rotated = _run(spark, tmp_path, "rotated")
     assert len({tuple(o) for o in orders}) == PARALLELISM  # every rotation was used
     assert rotated.equals(reference)
+
+
+def test_the_routing_columns_are_built_once_per_session_and_shape(spark) -> None:
+    """Building them costs about 100 py4j round trips: an epoch of the same step reuses
+    them (the rotations above each reuse theirs), another order or step shape does not."""
+    from sparkpoint.runtime.stage import _routing_columns
+
+    built = _routing_columns(spark, ("key",), PARALLELISM, 128, (0, 1, 2))
+    assert _routing_columns(spark, ("key",), PARALLELISM, 128, (0, 1, 2)) is built
+    assert _routing_columns(spark, ("key",), PARALLELISM, 128, (2, 0, 1)) is not built
+    assert _routing_columns(spark, ("key", "other"), PARALLELISM, 128, (0, 1, 2)) is not built
