@@ -146,16 +146,15 @@ def _routing_columns(spark, key_columns: tuple[str, ...], parallelism: int, max_
 
     shape = (key_columns, parallelism, max_parallelism, order)
     with _ROUTING_LOCK:
-        built = _ROUTING.setdefault(spark, {}).get(shape)
-    if built is not None:
-        return built
-    key_group = F.pmod(F.xxhash64(*[F.col(c) for c in key_columns]), F.lit(max_parallelism)).cast("int")
-    subtask = F.floor(F.col(KEY_GROUP_COL) * parallelism / max_parallelism).cast("int")
-    tags = _partition_tags(spark, parallelism)
-    partition_of = {s: i for i, s in enumerate(order)}
-    tag = F.element_at(F.array(*[F.lit(tags[partition_of[s]]) for s in range(parallelism)]), subtask + 1)
-    with _ROUTING_LOCK:
-        return _ROUTING.setdefault(spark, {}).setdefault(shape, (key_group, tag))
+        built = _ROUTING.setdefault(spark, {})
+        if shape not in built:
+            key_group = F.pmod(F.xxhash64(*[F.col(c) for c in key_columns]), F.lit(max_parallelism)).cast("int")
+            subtask = F.floor(F.col(KEY_GROUP_COL) * parallelism / max_parallelism).cast("int")
+            tags = _partition_tags(spark, parallelism)
+            partition_of = {s: i for i, s in enumerate(order)}
+            tag = F.element_at(F.array(*[F.lit(tags[partition_of[s]]) for s in range(parallelism)]), subtask + 1)
+            built[shape] = (key_group, tag)
+        return built[shape]
 
 
 def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_column: str | None,

@@ -95,12 +95,14 @@ class FinalCheckpointJob(ObservedJob):
         super()._finish()
 
 
-def _fail_sink_commits(job, fails: Callable[[], bool]) -> None:
-    """The job's sink commit raises an injected fault whenever `fails()` says so."""
+def _fail_sink_commits(job, armed: Callable[[], bool], budget: str) -> None:
+    """Once `armed()`, the job's sink commits raise an injected fault while the job's
+    counter `budget` is above 0, each failure taking one from it."""
     commit = job.sink.commit
 
     def failing_commit(handle):
-        if fails():
+        if armed() and getattr(job, budget) > 0:
+            setattr(job, budget, getattr(job, budget) - 1)
             raise StorageError("injected fault: publishing the sink's staged files")
         return commit(handle)
 
@@ -114,13 +116,7 @@ class CommitFailingJob(FinalCheckpointJob):
 
     def _setup(self) -> None:
         super()._setup()
-        _fail_sink_commits(self, self._fails)
-
-    def _fails(self) -> bool:
-        if self.final_triggered and self.fail_final_commits > 0:
-            self.fail_final_commits -= 1
-            return True
-        return False
+        _fail_sink_commits(self, lambda: self.final_triggered, "fail_final_commits")
 
 
 def test_a_failed_commit_of_the_final_checkpoint_is_retried_before_the_job_reports_finished(
@@ -154,13 +150,7 @@ class CommitsFailingJob(ObservedJob):
 
     def _setup(self) -> None:
         super()._setup()
-        _fail_sink_commits(self, self._fails)
-
-    def _fails(self) -> bool:
-        if self.completed_ids and self.fail_commits > 0:
-            self.fail_commits -= 1
-            return True
-        return False
+        _fail_sink_commits(self, lambda: bool(self.completed_ids), "fail_commits")
 
 
 def test_commits_failing_more_times_in_a_row_than_tolerated_fail_over_and_recovery_publishes_once(
