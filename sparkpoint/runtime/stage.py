@@ -31,6 +31,7 @@ from sparkpoint.runtime.executor.subtask import (
     where_am_i,
     with_meta,
 )
+from sparkpoint.runtime.executor.worker_heap import freeze_long_lived_objects
 from sparkpoint.state.interfaces import INPUT_COUNT_COL, KEY_GROUP_COL, MAX_EVENT_TIME_COL, SUBTASK_COL
 
 
@@ -195,6 +196,7 @@ def run_epoch(spark, df, task: EpochTask | None, output: OutputStep, event_time_
     def apply_subtask(batches):
         from pyspark import TaskContext
 
+        freeze_long_lived_objects()
         table = _table_of(batches, in_schema)
         yield from task.run(order[TaskContext.get().partitionId()], table).to_batches()
 
@@ -280,6 +282,7 @@ def _run_stateless(df, obs, output: OutputStep, epoch: int) -> EpochResult:
     def write_partition(batches):
         from pyspark import TaskContext
 
+        freeze_long_lived_objects()
         table = _table_of(batches, in_schema)
         part = TaskContext.get().partitionId()
         _, handles = output(epoch, part, table)
@@ -302,6 +305,7 @@ def restore_state(spark, task: RestoreTask, parallelism: int) -> dict[int, dict[
     schema = output_schema_with_meta(pa.schema([]))
 
     def restore_subtask(table: pa.Table) -> pa.Table:
+        freeze_long_lived_objects()
         return task(table)
 
     rows = spark.range(parallelism).select(F.col("id").cast("int").alias(SUBTASK_COL))
