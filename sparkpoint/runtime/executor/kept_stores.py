@@ -35,12 +35,12 @@ import fcntl
 import logging
 import os
 import shutil
-import sys
 import threading
 import time
 from dataclasses import dataclass
 
 from sparkpoint.errors import LocalStateHeldError
+from sparkpoint.runtime.executor.worker_heap import in_spark_task as _in_spark_task
 from sparkpoint.state.store import SubtaskStateStore
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,9 @@ def keep(db_dir: str, store: SubtaskStateStore) -> None:
         if identity is None or _identity(db_dir) != identity:
             _abandon(db_dir, store)  # replaced while the task ran: the handle is not this directory's
             return
+        # Only Spark's Python workers keep stores: they live on between tasks, and nothing
+        # else in them opens a store behind the runtime's back (a test or tool calling a
+        # task in its own process may well do).
         if _requested(db_dir) or not _in_spark_task():
             _close(db_dir, store)
             return
@@ -269,18 +272,6 @@ def _close(db_dir: str, store: SubtaskStateStore) -> None:
         store.close()
     except Exception as e:  # closing a store whose files were deleted: nothing left to lose
         log.debug("closing the state at %s: %s", db_dir, e)
-
-
-def _in_spark_task() -> bool:
-    """Only Spark's Python workers keep stores: they live on between tasks, and nothing
-    else in them opens a store behind the runtime's back (a test or tool calling a task
-    in its own process may well do). A process that never imported pyspark runs no
-    Spark task, and the processor tester must not pay pyspark's import for the answer."""
-    if "pyspark" not in sys.modules:
-        return False
-    from pyspark import TaskContext
-
-    return TaskContext.get() is not None
 
 
 def _requested(db_dir: str) -> bool:

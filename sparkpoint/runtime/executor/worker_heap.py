@@ -10,7 +10,7 @@ exits. `gc.freeze()` moves every tracked object into a permanent generation that
 collections skip; objects whose reference count drops to zero are still freed. So each
 task start freezes the heap whenever modules were imported since the last freeze: at that
 moment the daemon's collection has just run, so what gets frozen is live. A frozen object
-that later becomes part of unreachable cycle is never collected; that happens only to the
+that later becomes part of an unreachable cycle is never collected; that happens only to the
 few objects alive when modules were first imported, a bounded once-per-import cost.
 """
 
@@ -30,7 +30,7 @@ def freeze_long_lived_objects() -> bool:
     froze; does nothing outside a Spark task (a test or tool calling a task function in
     its own process keeps its collector as it was)."""
     global _modules_at_last_freeze
-    if len(sys.modules) == _modules_at_last_freeze or not _in_spark_task():
+    if len(sys.modules) == _modules_at_last_freeze or not in_spark_task():
         return False
     with _lock:
         if len(sys.modules) == _modules_at_last_freeze:
@@ -40,7 +40,10 @@ def freeze_long_lived_objects() -> bool:
         return True
 
 
-def _in_spark_task() -> bool:
+def in_spark_task() -> bool:
+    """Whether this process runs a Spark task now, as a Spark Python worker does. A
+    process that never imported pyspark runs none, and the processor tester must not pay
+    pyspark's import for the answer."""
     if "pyspark" not in sys.modules:
         return False
     from pyspark import TaskContext
