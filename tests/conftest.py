@@ -12,12 +12,13 @@ import pytest
 from tests.servers.kafka_broker import KafkaBroker
 from tests.servers.names import unique_name
 from tests.servers.s3_server import S3Server
-from tests.servers.spark_cds import use_if_present
+from tests.servers.spark_cds import configure_test_jvms
 from tests.time_report import TimeReport, report_path
 
 # Every Spark driver JVM of the run (in-process, and in the processes tests start) maps its
-# classes from the run's class-data archive when `make test` made one.
-use_if_present()
+# classes from the run's class-data archive when `make test` made one; the processes tests
+# start compile with C1 only (tests/servers/spark_cds.py says why).
+configure_test_jvms()
 
 
 @pytest.fixture(scope="session")

@@ -34,12 +34,12 @@ def make_job(root: Path, **overrides: Any) -> Job:
     return Job(root, **{**JOB_SHAPE, **overrides})
 
 
-def expected_updates(columns: list[str]) -> list[tuple]:
-    """What every correct run of JOB_SHAPE commits, in `canonical`'s form for a table with
-    `columns`: update-mode rows are a pure function of the epoch boundaries, which are a
-    pure function of the input (tests/e2e/chaos_oracles.py), so no failure-free reference
-    job has to run."""
-    return as_canonical(aggregate_updates(JOB_SHAPE["total"], keys=JOB_SHAPE["keys"],
+def expected_updates(columns: list[str], total: int = JOB_SHAPE["total"]) -> list[tuple]:
+    """What every correct run of JOB_SHAPE (with `total` events) commits, in `canonical`'s
+    form for a table with `columns`: update-mode rows are a pure function of the epoch
+    boundaries, which are a pure function of the input (tests/e2e/chaos_oracles.py), so no
+    failure-free reference job has to run."""
+    return as_canonical(aggregate_updates(total, keys=JOB_SHAPE["keys"],
                                           per_epoch=JOB_SHAPE["per_epoch"]), columns)
 
 

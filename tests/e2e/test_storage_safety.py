@@ -197,7 +197,10 @@ def test_corrupt_local_copy_and_corrupt_remote_checkpoint_fall_back(tmp_path: Pa
     fall back to the next older one. With none valid the job refuses to start, and
     restore.mode=empty starts from scratch: tests/integration/test_storage_safety_inprocess.py::
     test_with_no_valid_checkpoint_the_job_refuses_to_start_and_restore_mode_empty_starts_fresh."""
-    job = make_job(tmp_path / "job", sets=SNAPSHOT_EVERY_4_EPOCHS)
+    # Twice JOB_SHAPE's input: the moment to kill needs two checkpoints that share a
+    # snapshot in a particular way, and a fast run of 10 epochs could end before it came.
+    total = 2 * JOB_SHAPE["total"]
+    job = make_job(tmp_path / "job", sets=SNAPSHOT_EVERY_4_EPOCHS, total=total)
     fs, layout = job_storage(str(job.root / "checkpoints"))
     first = job.start()
     plan = kill_when(first, lambda: _damage_plan(job, fs, layout))
@@ -222,6 +225,6 @@ def test_corrupt_local_copy_and_corrupt_remote_checkpoint_fall_back(tmp_path: Pa
                      text), text[-3000:]
     assert "-> FAILED" not in text
     output = job.output()
-    expected = expected_updates(output.column_names)
+    expected = expected_updates(output.column_names, total)
     assert len(expected) > 100
     assert canonical(output, drop=()) == expected

@@ -438,6 +438,9 @@ def spark_conf(cluster: StandaloneCluster) -> dict[str, str]:
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
         "spark.executorEnv.PYTHONUNBUFFERED": "1",
+        # An executor lives as long as its test's application: the client compiler alone
+        # (tests/servers/spark_cds.py says why for the job processes' drivers).
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     }
 
 
