@@ -75,7 +75,11 @@ def _run(spark, tmp_path, job, operator, watermark=False):
     settings = Settings.load(overrides={
         "pipeline.name": job, "execution.checkpointing.dir": str(tmp_path / "chk"),
         "state.local.dir": str(tmp_path / f"{job}-state"), "execution.checkpointing.interval": "300 ms",
-        "state.changelog.periodic-materialize.interval": "1 s",  # some lineages get a snapshot base
+        # A snapshot by count only, whatever the machine's speed: 8 epochs of 2,000 events
+        # (never cut by time) give each subtask change logs for epochs 0-4, a snapshot base
+        # at epoch 5 and change logs for epochs 6 and 7, so later checkpoints read both.
+        "state.changelog.max-changelogs": 5, "state.changelog.periodic-materialize.interval": "10 min",
+        "sparkpoint.epoch.max-duration": 0,
         "execution.checkpointing.num-retained": 50,  # keep those taken in the middle of the input
         "sparkpoint.progress": False, "restart-strategy.type": "none"})
     result = JobMaster(pipeline, settings, spark=spark).run()
@@ -218,12 +222,13 @@ def test_a_damaged_or_missing_state_file_is_one_clear_error(spark, tmp_path):
     def files(data):
         return [f for h in data.handles.values() if is_lineage_handle(h) for f in Lineage.from_json(h).files()]
 
-    def has_changelog(data):
-        return any(f.name.endswith(".changelog") for f in files(data))
+    def has(data, suffix):
+        return any(f.name.endswith(suffix) for f in files(data))
 
     completed = _checkpoints(job_dir)
-    # A checkpoint whose state has a snapshot base and change logs (which one depends on timing).
-    chosen = next((d for d in reversed(completed) if has_changelog(d)), completed[-1])
+    # A checkpoint whose state has a snapshot base and change logs: the last one (_run's
+    # snapshots by count), and maybe more before it.
+    chosen = next(d for d in reversed(completed) if has(d, ".changelog") and has(d, ".sst"))
     savepoint = _savepoint_copy(job_dir, chosen, tmp_path / "sp")
     victim = next((f for f in reversed(files(chosen)) if f.name.endswith(".changelog")), files(chosen)[-1])
     with open(savepoint / victim.path, "r+b") as f:
