@@ -107,21 +107,54 @@ def wait_completed(proc: Proc, count: int, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
+def _process_groups(root: int) -> set[int]:
+    """The process groups of `root` and of all its descendants. PySpark's daemon puts itself
+    and its Python workers in a group of their own, which a signal to the job's group misses."""
+    parents: dict[int, list[int]] = {}
+    groups: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+            groups[int(entry)] = int(fields[2])
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid in groups:
+            found.add(groups[pid])
+        todo += parents.get(pid, [])
+    return found
+
+
+def _signal_groups(groups: set[int], sig: int) -> None:
+    for group in groups:
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            pass
+
+
 def kill_when(proc: Proc, plan: Callable[[], T | None], timeout: float = 300) -> T:
     """SIGKILL `proc` at a moment `plan()` returns something, and return that. The run
-    is frozen (SIGSTOP) while the plan is checked again, so what it describes is exactly
-    what the kill leaves behind."""
+    (the job's process group and its Python workers' groups) is frozen (SIGSTOP) while the
+    plan is checked again, so what it describes is exactly what the kill leaves behind: a
+    Python worker left running could still delete a local snapshot the plan names."""
     deadline = time.monotonic() + timeout
     while True:
         assert proc.popen.poll() is None, f"exited before the moment to kill it:\n{proc.text[-3000:]}"
         assert time.monotonic() < deadline, f"the moment to kill never came:\n{proc.text[-3000:]}"
         if plan() is not None:
-            os.killpg(proc.popen.pid, signal.SIGSTOP)
+            groups = _process_groups(proc.popen.pid) | {proc.popen.pid}
+            _signal_groups(groups, signal.SIGSTOP)
             found = plan()
             if found is not None:
+                _signal_groups(groups, signal.SIGKILL)
                 proc.kill9()
                 return found
-            os.killpg(proc.popen.pid, signal.SIGCONT)
+            _signal_groups(groups, signal.SIGCONT)
         time.sleep(0.2)
 
 
