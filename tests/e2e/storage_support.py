@@ -19,6 +19,7 @@ from sparkpoint.storage.fs import StorageFS
 from sparkpoint.storage.layout import JobLayout
 from tests.e2e.chaos_oracles import aggregate_updates, as_canonical
 from tests.e2e.harness import AGGREGATE_PIPELINE, Job, Proc
+from tests.servers.spark_cluster import all_pids, proc_stat
 
 JOB_NAME = "e2e"
 OPERATOR = "totals"
@@ -112,14 +113,11 @@ def _process_groups(root: int) -> set[int]:
     and its Python workers in a group of their own, which a signal to the job's group misses."""
     parents: dict[int, list[int]] = {}
     groups: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # gone meanwhile
-            parents.setdefault(int(fields[1]), []).append(int(entry))
-            groups[int(entry)] = int(fields[2])
+    for pid in all_pids():
+        stat = proc_stat(pid)
+        if stat is not None:  # None: gone meanwhile
+            parents.setdefault(stat[1], []).append(pid)
+            groups[pid] = stat[2]
     found, todo = set(), [root]
     while todo:
         pid = todo.pop()
@@ -147,7 +145,7 @@ def kill_when(proc: Proc, plan: Callable[[], T | None], timeout: float = 300) ->
         assert proc.popen.poll() is None, f"exited before the moment to kill it:\n{proc.text[-3000:]}"
         assert time.monotonic() < deadline, f"the moment to kill never came:\n{proc.text[-3000:]}"
         if plan() is not None:
-            groups = _process_groups(proc.popen.pid) | {proc.popen.pid}
+            groups = _process_groups(proc.popen.pid)
             _signal_groups(groups, signal.SIGSTOP)
             found = plan()
             if found is not None:

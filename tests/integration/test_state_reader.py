@@ -230,7 +230,7 @@ def test_a_damaged_or_missing_state_file_is_one_clear_error(spark, tmp_path):
     # snapshots by count), and maybe more before it.
     chosen = next(d for d in reversed(completed) if has(d, ".changelog") and has(d, ".sst"))
     savepoint = _savepoint_copy(job_dir, chosen, tmp_path / "sp")
-    victim = next((f for f in reversed(files(chosen)) if f.name.endswith(".changelog")), files(chosen)[-1])
+    victim = next(f for f in reversed(files(chosen)) if f.name.endswith(".changelog"))
     with open(savepoint / victim.path, "r+b") as f:
         f.seek(victim.size // 2)
         f.write(b"\x00garbage\x00")

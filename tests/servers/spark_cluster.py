@@ -66,7 +66,7 @@ def _mnt_ns(pid: int) -> str | None:
         return None
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, ppid, pgid) of a live process, None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -77,12 +77,12 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     return rest[0], int(rest[1]), int(rest[2])
 
 
-def _all_pids() -> list[int]:
+def all_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
 def _alive(pid: int) -> bool:
-    st = _proc_stat(pid)
+    st = proc_stat(pid)
     return st is not None and st[0] not in ("Z", "X")
 
 
@@ -395,8 +395,8 @@ class StandaloneCluster:
             return set()
         root = w.proc.pid if w.proc is not None else None
         stats = {}
-        for pid in _all_pids():
-            st = _proc_stat(pid)
+        for pid in all_pids():
+            st = proc_stat(pid)
             if st is not None and st[0] not in ("Z", "X"):
                 stats[pid] = st
         members = set()
