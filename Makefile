@@ -76,9 +76,10 @@ JVM_TESTS := spark or e2e or kafka or cluster or packaging
 JVM_SERVERS := e2e or kafka or cluster or packaging or (spark and s3)
 JVM_SESSION := spark and not (e2e or kafka or cluster or packaging or s3)
 # Job-process tests that use no server, run after the in-process ones instead of in the
-# servers' half, so that both halves take about as long (in-process 708 s and these 194 s,
-# against 840 s for the servers' half, with test_stop_signals.py still here; 2026-11-28).
-JVM_AFTER_SESSION := tests/e2e/test_chaos.py tests/e2e/test_chaos_command.py tests/e2e/test_storage_safety.py
+# servers' half, so that both halves take about as long (with every test JVM on C1: the
+# in-process tests 680 s, then these two files and test_storage_safety.py 143 s, against
+# 730 s for the servers' half; 2026-11-28).
+JVM_AFTER_SESSION := tests/e2e/test_chaos.py tests/e2e/test_chaos_command.py
 
 # Everything: first the tests that start no JVM on four pytest-xdist workers (they wait on
 # servers and sleeps as much as they compute), then the two halves of the JVM tests side by

@@ -16,8 +16,8 @@ from tests.servers.spark_cds import configure_test_jvms
 from tests.time_report import TimeReport, report_path
 
 # Every Spark driver JVM of the run (in-process, and in the processes tests start) maps its
-# classes from the run's class-data archive when `make test` made one; the processes tests
-# start compile with C1 only (tests/servers/spark_cds.py says why).
+# classes from the run's class-data archive when `make test` made one, and compiles with
+# C1 only (tests/servers/spark_cds.py says why).
 configure_test_jvms()
 
 

@@ -9,10 +9,8 @@ import pytest
 @pytest.fixture(scope="session")
 def spark():
     from sparkpoint.runtime.spark import get_or_create_spark
-    from tests.servers.spark_cds import session_jvm
 
-    with session_jvm():
-        return get_or_create_spark("local[2]", "tests", 2)
+    return get_or_create_spark("local[2]", "tests", 2)
 
 
 @pytest.fixture(autouse=True)

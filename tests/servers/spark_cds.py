@@ -13,15 +13,17 @@ path differs from the archive's (a cluster test's SPARK_CONF_DIR, another virtua
 PySpark) runs without it, silently: the archive changes how long a start takes, never what
 a test sees.
 
-The processes tests start also run their driver JVMs with the client compiler only
-(`-XX:TieredStopAtLevel=1`). A job process lives 20-60 s: C2 spends much of that
-compiling Spark's and Catalyst's methods and is done too late to pay off. On this 2-core
-machine two job-process files took 100-108 CPU-seconds instead of 161-165, and 66-72 s
-instead of 92 s (2026-11-28). The in-process session lives for the whole pytest process
-and keeps both compilers (`tests/integration`'s session fixtures start it through
-`session_jvm()`): with C1 alone three in-process files took 9-17 % less CPU but ran 6-9 %
-longer, and a whole `make test` took as long. Neither flag changes what Spark computes;
-`make bench` uses neither.
+Every driver JVM of a test run, the in-process sessions' and the processes' the tests
+start, also compiles with the client compiler only (`-XX:TieredStopAtLevel=1`), and so do
+the test cluster's executors and daemons (tests/servers/spark_cluster.py). A job process
+lives 20-60 s: C2 spends much of that compiling Spark's and Catalyst's methods and is done
+too late to pay off. On this 2-core machine two job-process files took 100-108
+CPU-seconds instead of 161-165, and 66-72 s instead of 92 s (2026-11-28). An in-process
+session lives for its whole pytest process; C1 alone makes its tests run 6-9 % longer on
+an idle machine but spend 9-17 % less CPU, and `make test` runs on two busy cores: there,
+with the sessions and the cluster's daemons on C1 too, the in-process tests took 680 s instead of 650, and the
+servers' tests beside them 730 s instead of 820-828 (clean-clone runs, 2026-11-28).
+Neither flag changes what Spark computes; `make bench` uses neither.
 """
 
 from __future__ import annotations
@@ -30,9 +32,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CACHE = REPO_ROOT / ".cache" / "spark-cds"
@@ -69,24 +69,18 @@ def archive_path() -> Path:
     return CACHE / f"driver-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
 
 
-_JOB_PROCESS = "-XX:TieredStopAtLevel=1"
-# What configure_test_jvms() chose: PYSPARK_SUBMIT_ARGS for the processes tests start, and
-# for this process's own session (None: none at all).
-_children_args: str | None = None
-_session_args: str | None = None
+_C1_ONLY = "-XX:TieredStopAtLevel=1"
 
 
-def submit_args(archive: Path | None, *, job_process: bool = False) -> str:
-    options = ([f"-XX:SharedArchiveFile={archive}", _QUIET] if archive is not None else []) + (
-        [_JOB_PROCESS] if job_process else [])
-    return f"--driver-java-options '{' '.join(options)}' pyspark-shell"
+def submit_args(archive: Path | None) -> str:
+    options = [f"-XX:SharedArchiveFile={archive}", _QUIET] if archive is not None else []
+    return f"--driver-java-options '{' '.join([*options, _C1_ONLY])}' pyspark-shell"
 
 
 def configure_test_jvms() -> None:
-    """Point the driver JVMs of this process and its children at the archive, if it was
-    made, and give the children's the client compiler only; unless something else sets
-    PYSPARK_SUBMIT_ARGS, which is then left alone."""
-    global _children_args, _session_args
+    """Give the driver JVMs of this process and its children the client compiler only and
+    the archive, if it was made; unless something else sets PYSPARK_SUBMIT_ARGS, which is
+    then left alone."""
     if "PYSPARK_SUBMIT_ARGS" in os.environ:
         return
     try:
@@ -95,25 +89,7 @@ def configure_test_jvms() -> None:
         archive = None
     if archive is not None and not archive.is_file():
         archive = None
-    _session_args = submit_args(archive) if archive is not None else None
-    _children_args = os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args(archive, job_process=True)
-
-
-@contextmanager
-def session_jvm() -> Iterator[None]:
-    """Around the start of a test process's long-lived session: its JVM keeps both JIT
-    compilers."""
-    if _children_args is None or os.environ.get("PYSPARK_SUBMIT_ARGS") != _children_args:
-        yield  # not configured here, or changed since: left as it is
-        return
-    if _session_args is None:
-        del os.environ["PYSPARK_SUBMIT_ARGS"]
-    else:
-        os.environ["PYSPARK_SUBMIT_ARGS"] = _session_args
-    try:
-        yield
-    finally:
-        os.environ["PYSPARK_SUBMIT_ARGS"] = _children_args
+    os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args(archive)
 
 
 def make() -> Path | None:

@@ -317,6 +317,9 @@ class StandaloneCluster:
             PYSPARK_PYTHON=sys.executable,
             PYSPARK_DRIVER_PYTHON=sys.executable,
             SPARK_DAEMON_MEMORY="256m",
+            # The master's and workers' JVMs live for one test module: C2 would compile for
+            # most of it (tests/servers/spark_cds.py).
+            SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1",
             # A taken port is an error (and a retry with new ports), not a silent port+1 that
             # master_url and the worker bookkeeping would not know about.
             SPARK_MASTER_OPTS="-Dspark.port.maxRetries=0",

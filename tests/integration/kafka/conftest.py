@@ -23,13 +23,11 @@ def kafka(kafka_broker: KafkaBroker) -> Iterator[KafkaTestClient]:
 def spark():
     from sparkpoint.connectors.kafka_common import add_spark_connector
     from sparkpoint.runtime.spark import get_or_create_spark
-    from tests.servers.spark_cds import session_jvm
 
     # The one session of this test process, plus Spark's own Kafka connector so both
     # readers of KafkaSource are tested.
     ensure_kafka_jars(spark_connector=True)
-    with session_jvm():
-        session = get_or_create_spark("local[2]", "tests", 2)
+    session = get_or_create_spark("local[2]", "tests", 2)
     add_spark_connector(session)
     return session
 
