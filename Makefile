@@ -67,38 +67,52 @@ spark-cds: bootstrap
 # The tests that start a JVM: a SparkSession, a Kafka broker, a standalone cluster or a
 # job process (tests/conftest.py marks each test from the fixtures it uses).
 JVM_TESTS := spark or e2e or kafka or cluster or packaging
-# They run in two pytest processes at once: the tests that start job processes, the Kafka
-# broker, the S3 server or the cluster (so each server still starts once per run), and the
-# in-process tests on a SparkSession of their own. Those wait on epochs, checkpoint
-# intervals and leases as much as they compute: two processes on two cores finished in
-# 140 s what took 225 s one after the other (four in-process test files), and the JVM tests
-# in 19 instead of 27-30 minutes (2026-11-27).
-JVM_SERVERS := e2e or kafka or cluster or packaging or (spark and s3)
+# They run in three pytest processes at once, so that each server still starts once per run:
+# - the in-process tests, on a SparkSession of their own;
+# - the tests of the Kafka broker and the S3 server (on a session of their own too), then
+#   the in-process files of JVM_BESIDE_KAFKA on a new session;
+# - the tests that start the cluster, a wheel's venv or other job processes, the files of
+#   JVM_AFTER_JOBS last.
+# With two processes (the servers' tests in one) the two cores were idle 17 % of the JVM
+# tests' time, since every test JVM compiles with C1 only (vmstat, 2026-11-28).
 JVM_SESSION := spark and not (e2e or kafka or cluster or packaging or s3)
-# Job-process tests that use no server, run after the in-process ones instead of in the
-# servers' half, so that both halves take about as long (with every test JVM on C1: the
-# in-process tests 680 s, then these two files and test_storage_safety.py 143 s, against
-# 730 s for the servers' half; 2026-11-28).
-JVM_AFTER_SESSION := tests/e2e/test_chaos.py tests/e2e/test_chaos_command.py
+JVM_KAFKA_S3 := kafka or (s3 and (spark or e2e))
+JVM_JOBS := (e2e or cluster or packaging) and not (kafka or s3)
+# In-process files run beside the Kafka tests and job-process files run last, so that the
+# three processes take about as long.
+JVM_BESIDE_KAFKA := tests/nexmark/test_examples.py tests/integration/test_bench_nexmark_spark_ss_rows.py \
+	tests/integration/test_job_outcomes.py
+JVM_AFTER_JOBS := tests/e2e/test_chaos.py tests/e2e/test_chaos_command.py
 
 # Everything: first the tests that start no JVM on four pytest-xdist workers (they wait on
-# servers and sleeps as much as they compute), then the two halves of the JVM tests side by
-# side (the servers' half prints its output when both are done). Every pass runs whatever
-# the others' outcome; the slowest tests are printed at the end of each.
+# servers and sleeps as much as they compute), then the three processes of the JVM tests
+# side by side (the two in the background print their output when all are done). Every
+# pass runs whatever the others' outcome; the slowest tests are printed at the end of each.
 test: bootstrap kafka-jars chromium spark-cds
 	@rc=0; \
 	SPARKPOINT_TEST_TIMES=$(CURDIR)/.cache/test-times-no-jvm.json \
 		$(PY) -m pytest -q -p no:cacheprovider -n 4 --durations=10 tests -m "not ($(JVM_TESTS))" || rc=$$?; \
-	log=$(CURDIR)/.cache/test-jvm-servers.log; \
-	SPARKPOINT_TEST_TIMES=$(CURDIR)/.cache/test-times-jvm-servers.json \
-		$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests -m "$(JVM_SERVERS)" \
-		$(addprefix --deselect ,$(JVM_AFTER_SESSION)) > $$log 2>&1 & servers=$$!; \
+	kafka_log=$(CURDIR)/.cache/test-jvm-kafka-s3.log; jobs_log=$(CURDIR)/.cache/test-jvm-jobs.log; \
+	{ SPARKPOINT_TEST_TIMES=$(CURDIR)/.cache/test-times-jvm-kafka-s3.json \
+		$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests -m "$(JVM_KAFKA_S3)"; a=$$?; \
+	  SPARKPOINT_TEST_TIMES=$(CURDIR)/.cache/test-times-jvm-beside-kafka.json \
+		$(PY) -m pytest -q -p no:cacheprovider --durations=10 $(JVM_BESIDE_KAFKA); b=$$?; \
+	  exit $$(( a || b )); } > $$kafka_log 2>&1 & kafka=$$!; \
+	{ SPARKPOINT_TEST_TIMES=$(CURDIR)/.cache/test-times-jvm-jobs.json \
+		$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests -m "$(JVM_JOBS)" \
+		$(addprefix --deselect ,$(JVM_AFTER_JOBS)); a=$$?; \
+	  SPARKPOINT_TEST_TIMES=$(CURDIR)/.cache/test-times-jvm-after-jobs.json \
+		$(PY) -m pytest -q -p no:cacheprovider --durations=5 $(JVM_AFTER_JOBS); b=$$?; \
+	  exit $$(( a || b )); } > $$jobs_log 2>&1 & jobs=$$!; \
 	SPARKPOINT_TEST_TIMES=$(CURDIR)/.cache/test-times-jvm-session.json \
-		$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests -m "$(JVM_SESSION)" || rc=$$?; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=5 $(JVM_AFTER_SESSION) || rc=$$?; \
-	wait $$servers || rc=$$?; \
-	echo "---- the JVM tests with servers and job processes (run alongside the ones above) ----"; \
-	cat $$log; \
+		$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests -m "$(JVM_SESSION)" \
+		$(addprefix --deselect ,$(JVM_BESIDE_KAFKA)) || rc=$$?; \
+	wait $$kafka || rc=$$?; \
+	wait $$jobs || rc=$$?; \
+	echo "---- the tests of the Kafka broker and the S3 server, then in-process files (run alongside) ----"; \
+	cat $$kafka_log; \
+	echo "---- the tests of the cluster, the wheel and other job processes (run alongside) ----"; \
+	cat $$jobs_log; \
 	exit $$rc
 
 # The tier that starts no JVM: unit tests, the contract suites of checkpoint storage and

@@ -54,10 +54,11 @@ def s3_bucket(s3_server: S3Server, request: pytest.FixtureRequest) -> str:
 # What a test needs is marked from the fixtures it uses, so a tier chosen by marker
 # (`make test-fast`: no JVM) never starts one through a test nobody marked. That tier
 # runs on four pytest-xdist workers (its tests wait on servers and sleeps as much as they
-# compute). `make test` runs the JVM tests in two processes side by side (the Makefile's
-# JVM_SERVERS and JVM_SESSION): the tests that start job processes or use a server, so the
-# run's one broker, S3 server and cluster stay one, and the in-process tests on a session
-# of their own. pytest-xdist does not split them: its workers would each start the servers.
+# compute). `make test` runs the JVM tests in three processes side by side (the Makefile's
+# JVM_SESSION, JVM_KAFKA_S3 and JVM_JOBS): the in-process tests on a session of their own,
+# the tests of the Kafka broker and the S3 server, and the tests that start the cluster or
+# other job processes, so the run's one broker and one cluster stay one. pytest-xdist does
+# not split them: its workers would each start the servers.
 _NEEDS = (("spark", "spark"), ("kafka_broker", "kafka"), ("s3_server", "s3"), ("cluster", "cluster"))
 
 
