@@ -20,9 +20,11 @@ lives 20-60 s: C2 spends much of that compiling Spark's and Catalyst's methods a
 too late to pay off. On this 2-core machine two job-process files took 100-108
 CPU-seconds instead of 161-165, and 66-72 s instead of 92 s (2026-11-28). An in-process
 session lives for its whole pytest process; C1 alone makes its tests run 6-9 % longer on
-an idle machine but spend 9-17 % less CPU, and `make test` runs on two busy cores: there,
-with the sessions and the cluster's daemons on C1 too, the in-process tests took 680 s instead of 650, and the
-servers' tests beside them 730 s instead of 820-828 (clean-clone runs, 2026-11-28).
+an idle machine but spend 9-17 % less CPU, and `make test` runs on two busy cores. There,
+with the sessions and the cluster's daemons on C1 too, the whole run spent 3 % less CPU
+and left more of it idle (the in-process tests took 680 s instead of 650, the servers'
+tests beside them 730 s instead of 820-828), which the Makefile's three JVM processes
+fill (clean-clone runs, 2026-11-28).
 Neither flag changes what Spark computes; `make bench` uses neither.
 """
 
